@@ -1,0 +1,16 @@
+"""minies: Evolution Strategies, GRPO and 3PO for RL with verifiable rewards, small enough to read."""
+import argparse
+
+
+class UserError(Exception):
+    """A mistake the user can fix (bad path, bad flag value, malformed data line).
+
+    The scripts print its message as one line and exit with status 2 instead of a traceback.
+    """
+
+
+class ArgumentParser(argparse.ArgumentParser):
+    """argparse whose errors end with one line starting with "error:", like every other user error."""
+
+    def error(self, message):
+        self.exit(2, f"error: {message}; see --help\n")

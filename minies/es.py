@@ -1,0 +1,208 @@
+"""Evolution Strategies (Salimans et al. 2017; Qiu et al. 2025, "ES at scale") with seeded in-place noise.
+
+One step, with N members, noise scale σ and step size α (PAPERS.md section 2):
+
+    for n = 1..N:   θ_n = θ + σ·ε_n          ε_n ~ N(0, I), regenerated from (seed_n, tensor index)
+                    R_n = mean reward of the model θ_n on the step's prompts
+    z = normalise(R)                          centred ranks (default) or z-scores
+    θ ← θ + α · (1/N) · Σ_n z_n ε_n          (1/σ is folded into α)
+
+Antithetic sampling uses mirrored pairs ε_{2k+1} = −ε_{2k}, which cancels the even part of the
+reward landscape from the estimate. No noise tensor is stored: every ε_n is regenerated from its seed,
+once to perturb and once for the update, one parameter tensor at a time, on that tensor's device.
+
+Exact restore and lossless updates. Adding σ·ε and subtracting it again is not exact in floating
+point (in bf16 it changes ~7% of the elements per cycle). So the weights that matter live in an fp32
+*master* copy of each perturbed tensor, kept in host memory (never a second copy on the accelerator).
+The model's tensor is only ever *written* from the master: clean = cast(master), perturbed =
+cast(master + σ·ε). Writing clean weights is therefore bit-exact however many cycles ran, and the
+update is accumulated and applied to the fp32 master, so steps below the bf16 spacing are not lost.
+Memory: 4 bytes per perturbed parameter for the master plus 4 for θ0 (for the drift log), on the host.
+
+8-bit models (bitsandbytes LLM.int8): a Linear8bitLt holds int8 weights W8 and one fp32 scale s per
+row (W ≈ W8·s/127). Its master is the dequantized fp32 weight; perturbed and clean weights are written
+by re-quantizing with the fixed row scales: W8 = clamp(round(x·127/s), −127, 127). The update reaches
+the int8 weights the same way, while the fp32 master keeps the sub-step part. Noise smaller than half an
+int8 step (s/254) rounds away, so σ must be comparable to the weights' int8 spacing. Embeddings and
+norms are float tensors and are perturbed like any float weight.
+
+Distributed: member n is scored on rank n mod P (a static split, so runs are reproducible); the N
+rewards are summed with one all-reduce; every rank then applies the same update to its own replica, so
+the weights stay identical without ever being communicated.
+"""
+import re
+import time
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from minies import UserError, distributed
+from minies.config import option
+from minies.evaluate import score_rollouts
+from minies.rollout import format_prompts, generate
+
+
+@dataclass
+class ESConfig:
+    population: int = option(32, "members per step (N); even when antithetic")
+    sigma: float = option(2e-3, "noise scale σ of the perturbations")
+    alpha: float = option(1e-3, "step size α (1/σ folded in)")
+    prompts_per_step: int = option(256, "prompts every member is scored on (the same for all members)")
+    antithetic: bool = option(True, "mirrored pairs +ε / −ε")
+    normalize: str = option("rank", "reward normalisation across members", choices=["rank", "zscore"])
+    params: str = option(".*", "regex: perturb only parameters whose name matches (e.g. 'layers' skips embeddings)")
+    greedy: bool = option(True, "score members with greedy decoding (else sampled at --temperature)")
+    temperature: float = option(1.0, "sampling temperature when not greedy")
+    micro_batch: int = option(256, "sequences per generate call")
+
+
+def member_seeds(step_seed, population, antithetic):
+    """(seed, sign) of each member; the seeds depend only on the step's seed."""
+    rng = np.random.default_rng(step_seed)
+    if antithetic:
+        if population % 2:
+            raise UserError(f"--population {population}: must be even with --antithetic")
+        return [(int(s), sign) for s in rng.integers(0, 2**62, population // 2) for sign in (1.0, -1.0)]
+    return [(int(s), 1.0) for s in rng.integers(0, 2**62, population)]
+
+
+def noise(seed, index, shape, device):
+    """ε for one tensor: an independent stream per (member seed, tensor index), identical on every rank."""
+    g = torch.Generator(device=device)
+    g.manual_seed((seed * 1_000_003 + index) % 2**63)
+    return torch.randn(shape, generator=g, device=device, dtype=torch.float32)
+
+
+def normalize_rewards(rewards, how):
+    """Centred ranks in [−0.5, 0.5] (ties share their mean rank) or z-scores; all zeros when all tie."""
+    r = np.asarray(rewards, dtype=np.float64)
+    if r.std() == 0:
+        return np.zeros_like(r)
+    if how == "zscore":
+        return (r - r.mean()) / r.std()
+    order = r.argsort(kind="stable")
+    ranks = np.empty_like(r)
+    ranks[order] = np.arange(len(r))
+    for value in np.unique(r):  # average the ranks of tied rewards
+        ranks[r == value] = ranks[r == value].mean()
+    return ranks / (len(r) - 1) - 0.5
+
+
+class PerturbedTensor:
+    """One parameter the ES perturbs: its fp32 master on the host and how to write values into it."""
+
+    def __init__(self, index, name, param, module):
+        self.index, self.name, self.param, self.module = index, name, param, module
+        self.int8 = param.dtype == torch.int8
+        self.master = self.dequantized().detach().float().cpu().clone()
+
+    def row_scale(self):
+        # bitsandbytes keeps the row scales on the weight until the first forward, then on the layer state.
+        scb = getattr(self.param, "SCB", None)
+        if scb is None:
+            scb = self.module.state.SCB
+        return scb.float()[:, None]
+
+    def dequantized(self):
+        return self.param.float() * self.row_scale() / 127 if self.int8 else self.param
+
+    @torch.no_grad()
+    def write(self, values):
+        """Make the model's tensor the cast of the fp32 `values` (which are on the param's device)."""
+        if self.int8:
+            values = torch.round(values * 127 / self.row_scale()).clamp_(-127, 127)
+        self.param.copy_(values.to(self.param.dtype))
+
+    def clean(self):
+        self.write(self.master.to(self.param.device))
+
+    def perturbed(self, seed, sign, sigma):
+        dev = self.param.device
+        self.write(self.master.to(dev) + (sign * sigma) * noise(seed, self.index, self.param.shape, dev))
+
+
+class ES:
+    def __init__(self, model, tokenizer, task, config, chat_template=True):
+        self.model, self.tokenizer, self.task, self.cfg = model, tokenizer, task, config
+        self.chat_template = chat_template
+        self.prompts_per_step = config.prompts_per_step
+        owner = {id(p): m for m in model.modules() for p in m.parameters(recurse=False)}
+        pattern = re.compile(config.params)
+        self.tensors = [PerturbedTensor(i, name, p, owner[id(p)])
+                        for i, (name, p) in enumerate(model.named_parameters()) if pattern.search(name)]
+        if not self.tensors:
+            raise UserError(f"--params {config.params!r} matches no parameter of the model")
+        self.theta0 = [t.master.clone() for t in self.tensors]
+        for p in model.parameters():
+            p.requires_grad_(False)  # ES never needs gradients; this also keeps generate cheap
+
+    @torch.no_grad()
+    def score(self, problems, seed):
+        """Per-prompt rewards of the model as it is now, and the number of generated tokens."""
+        prompts = format_prompts(self.tokenizer, [p.question for p in problems], self.chat_template)
+        r = generate(self.model, self.tokenizer, prompts, self.task.max_new_tokens, self.cfg.temperature,
+                     greedy=self.cfg.greedy, micro_batch=self.cfg.micro_batch, seed=seed)
+        return np.array([s.reward for s in score_rollouts(self.task, problems, r.texts)]), int(r.lengths.sum())
+
+    @torch.no_grad()
+    def step(self, problems, seed):
+        cfg = self.cfg
+        members = member_seeds(seed, cfg.population, cfg.antithetic)
+        rewards = torch.zeros(len(members), dtype=torch.float64)
+        errors = torch.zeros(len(members), dtype=torch.float64)  # standard error of each member's mean reward
+        tokens = torch.zeros(1, dtype=torch.float64)
+        start = time.time()
+        mine = distributed.shard(list(range(len(members))))
+        for n in mine:
+            for t in self.tensors:
+                t.perturbed(*members[n], cfg.sigma)
+            # Common random numbers: every member is scored with the same sampling seed.
+            per_prompt, count = self.score(problems, seed)
+            rewards[n], errors[n] = per_prompt.mean(), per_prompt.std() / np.sqrt(len(per_prompt))
+            tokens += count
+        for t in self.tensors:
+            t.clean()
+        member_seconds = (time.time() - start) / max(len(mine), 1)
+        for x in (rewards, errors, tokens):
+            distributed.all_reduce_sum(x)
+        rewards, errors = rewards.numpy(), errors.numpy()
+        z = normalize_rewards(rewards, cfg.normalize)
+
+        update_sq, drift_sq = 0.0, 0.0
+        for t, t0 in zip(self.tensors, self.theta0):
+            if z.any():
+                dev = t.param.device
+                total = torch.zeros(t.param.shape, dtype=torch.float32, device=dev)
+                for (s, sign), zn in zip(members, z):
+                    if zn:
+                        total.add_(noise(s, t.index, t.param.shape, dev), alpha=float(sign * zn))
+                delta = (cfg.alpha / len(members)) * total.cpu()
+                t.master += delta
+                t.clean()
+                update_sq += float(delta.pow(2).sum())
+            drift_sq += float((t.master - t0).pow(2).sum())
+        return {
+            "reward_mean": float(rewards.mean()), "reward_max": float(rewards.max()),
+            "reward_min": float(rewards.min()), "reward_std": float(rewards.std()),
+            # Spread of the members' fitness over the noise of measuring one member's fitness:
+            # below ~1 the ranking is mostly noise (use more prompts or a larger σ).
+            "fitness_snr": float(rewards.std() / max(errors.mean(), 1e-12)),
+            "all_tied": bool(not z.any()),
+            "update_norm": update_sq ** 0.5, "drift": drift_sq ** 0.5,
+            "seconds_per_member": member_seconds,
+            "tokens_per_second": float(tokens.item()) / max(time.time() - start, 1e-9),  # all ranks together
+            "tokens": int(tokens.item()),
+        }
+
+    def state_dict(self):
+        return {"master": [t.master for t in self.tensors], "theta0": self.theta0}
+
+    def load_state_dict(self, state):
+        for t, master, t0, saved_t0 in zip(self.tensors, state["master"], self.theta0, state["theta0"]):
+            t.master.copy_(master)
+            t0.copy_(saved_t0)
+            t.clean()
+
+    def model_to_save(self):
+        return self.model

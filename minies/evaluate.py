@@ -1,0 +1,54 @@
+"""Held-out evaluation shared by eval.py and train.py: pass@k from n samples per problem, greedy
+accuracy, malformed rate, mean full-vocabulary token entropy and mean completion length."""
+import numpy as np
+import torch
+from tqdm import tqdm
+
+from minies.metrics import masked_mean, mean_pass_at_k
+from minies.rollout import completion_logprobs, format_prompts, generate
+
+
+def score_rollouts(task, problems, texts):
+    """Scores of completions, one per (problem, text) pair."""
+    return [task.score(t, p) for p, t in zip(problems, texts)]
+
+
+@torch.no_grad()
+def evaluate(model, tokenizer, task, problems, n=16, ks=(1, 16), temperature=1.0, greedy=True, seed=0,
+             micro_batch=256, chat_template=True, progress=False):
+    """Returns a dict of metrics. n=0 skips sampling (greedy only); greedy=False skips greedy."""
+    prompts = format_prompts(tokenizer, [p.question for p in problems], chat_template)
+    result = {"problems": len(problems), "n": n}
+    if n > 0:
+        correct = np.zeros(len(problems), dtype=int)
+        malformed, entropy, length = [], [], []
+        # One block of problems at a time, so the bar moves and memory stays bounded.
+        block = max(1, micro_batch // n)
+        starts = range(0, len(problems), block)
+        for s in tqdm(starts, desc="sampling", disable=not progress, leave=False):
+            batch_prompts = [p for p in prompts[s:s + block] for _ in range(n)]
+            batch_problems = [p for p in problems[s:s + block] for _ in range(n)]
+            r = generate(model, tokenizer, batch_prompts, task.max_new_tokens, temperature, greedy=False,
+                         micro_batch=micro_batch, seed=seed + s)
+            scores = score_rollouts(task, batch_problems, r.texts)
+            correct[s:s + block] = np.array([sc.correct for sc in scores]).reshape(-1, n).sum(1)
+            malformed += [sc.malformed for sc in scores]
+            _, ent = completion_logprobs(model, r.prompt_ids, r.prompt_mask, r.completion_ids, r.completion_mask,
+                                         temperature, with_entropy=True, chunk=micro_batch)
+            entropy.append(masked_mean(ent, r.completion_mask) * r.completion_mask.sum().item())
+            length.append(r.completion_mask.sum().item())
+        for k in ks:
+            if k <= n:
+                result[f"pass@{k}"] = mean_pass_at_k(correct, n, k)
+        result["malformed_rate"] = float(np.mean(malformed))
+        result["entropy"] = sum(entropy) / max(sum(length), 1)
+        result["mean_length"] = sum(length) / (len(problems) * n)
+    if greedy:
+        result["greedy_accuracy"] = greedy_accuracy(model, tokenizer, task, problems, micro_batch, chat_template)
+    return result
+
+
+def greedy_accuracy(model, tokenizer, task, problems, micro_batch=256, chat_template=True):
+    prompts = format_prompts(tokenizer, [p.question for p in problems], chat_template)
+    r = generate(model, tokenizer, prompts, task.max_new_tokens, greedy=True, micro_batch=micro_batch)
+    return float(np.mean([s.correct for s in score_rollouts(task, problems, r.texts)]))

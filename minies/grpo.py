@@ -1,0 +1,263 @@
+"""GRPO (Shao et al. 2024) as commonly implemented (TRL's GRPOTrainer), in plain PyTorch.
+
+Each step samples G completions for each of P prompts from the current policy π_old and scores them.
+Advantages come from the group of each prompt (no value model):
+
+    A_i = (r_i − mean_group(r)) / (std + 1e-4)      std: the group's, the batch's, or 1 (Dr. GRPO)
+
+and the policy minimises, per completion token t of completion i,
+
+    ratio = exp(logp − logp_old)
+    l_it  = −min(ratio·A_i, clip(ratio, 1 − ε_low, 1 + ε_high)·A_i) + β·KL_it
+    KL_it = exp(ref − logp) − (ref − logp) − 1      (k3 estimator; with β = 0 no reference is kept)
+
+aggregated over the batch by one of
+    grpo:    (1/B) Σ_i (1/|o_i|) Σ_t l_it          mean per sequence, then over sequences
+    dapo:    Σ_it l_it / Σ_i |o_i|                  mean over all tokens of the batch
+    dr_grpo: Σ_it l_it / (B · max_new_tokens)       a constant normaliser, no length bias
+
+with μ optimizer steps per batch. π_old is the policy before the first of them, so its log-probs
+are the first pass's, detached: at the first pass ratio = 1 and the loss value is ~0, but its
+gradient is the policy gradient (PAPERS.md section 3).
+
+A batch is cut into micro-batches whose gradients accumulate, and with torchrun the prompts are
+shared between processes under DistributedDataParallel. Every normaliser above (B, Σ|o_i|) is the
+whole batch's, over all micro-batches and ranks, so the sum of the parts' losses is the loss of the
+batch and the gradient does not depend on how it was cut.
+
+A model loaded in 8-bit cannot be trained directly: LoRA adapters (minies/lora.py) are trained
+beside the frozen int8 weights, the reference policy is the base with the adapters switched off,
+and checkpoints hold the merged float model.
+"""
+import contextlib
+import copy
+from dataclasses import dataclass
+
+import torch
+from torch.nn.parallel import DistributedDataParallel
+
+from minies import UserError, distributed, lora
+from minies.config import option
+from minies.rollout import completion_logprobs, format_prompts, generate
+
+AGGREGATIONS = ("grpo", "dapo", "dr_grpo")
+
+
+@dataclass
+class GRPOConfig:
+    prompts: int = option(16, "prompts per step (P), over all processes")
+    group_size: int = option(8, "completions per prompt (G)")
+    temperature: float = option(1.0, "sampling temperature; log-probs are taken at the same temperature")
+    lr: float = option(1e-4, "learning rate")
+    optim: str = option("adamw", "optimizer: torch AdamW, or bitsandbytes' 8-bit AdamW", choices=["adamw", "adamw8bit"])
+    updates_per_batch: int = option(1, "optimizer steps on each batch of completions (μ)")
+    micro_batch: int = option(64, "completions per forward/backward; gradients accumulate over the batch")
+    epsilon_low: float = option(0.2, "clip the token ratio below at 1 - epsilon_low")
+    epsilon_high: float = option(0.2, "clip the token ratio above at 1 + epsilon_high")
+    beta: float = option(0.0, "weight of the KL penalty to the initial policy (0: no reference is kept)")
+    scale_rewards: str = option("group", "divide advantages by the group's reward std, the batch's, or nothing "
+                                "(Dr. GRPO)", choices=["group", "batch", "none"])
+    loss_aggregation: str = option("grpo", "grpo: mean per sequence then over sequences; dapo: mean over tokens; "
+                                   "dr_grpo: sum / (B * max_new_tokens)", choices=list(AGGREGATIONS))
+    max_grad_norm: float = option(1.0, "clip the gradient norm to this (inf: no clipping)")
+    gradient_checkpointing: bool = option(False, "recompute activations in the backward pass to save memory")
+    lora_rank: int = option(0, "train LoRA adapters of this rank on a frozen base; 0: train all weights "
+                            "(a model loaded in 8-bit needs > 0)")
+    lora_alpha: float = option(16.0, "LoRA scale numerator: the adapters' output is multiplied by alpha / rank")
+    lora_targets: str = option("q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj",
+                               "comma-separated names of the linear layers that get adapters")
+
+
+def group_advantages(rewards, scale="group", eps=1e-4):
+    """Advantages [P, G] from rewards [P, G]: each reward minus its group's mean, divided by the
+    group's std ("group"), the whole batch's ("batch"), or nothing ("none", Dr. GRPO).
+    A group whose rewards all tie carries no signal: its advantages are exactly 0 (never NaN)."""
+    advantages = rewards - rewards.mean(1, keepdim=True)
+    if scale == "group":
+        advantages = advantages / (rewards.std(1, keepdim=True) + eps)
+    elif scale == "batch":
+        advantages = advantages / (rewards.std() + eps)
+    tied = rewards.eq(rewards[:, :1]).all(1, keepdim=True)
+    return advantages.masked_fill(tied, 0.0)
+
+
+def grpo_loss(logps, old_logps, advantages, mask, epsilon_low=0.2, epsilon_high=0.2, aggregation="grpo",
+              ref_logps=None, beta=0.0, num_sequences=None, num_tokens=None, max_len=None):
+    """The clipped surrogate loss of a batch of completions (module docstring), and its statistics.
+
+    logps: [B, T] log-probs of the completion tokens under the policy being trained (with grad);
+    old_logps: [B, T] the same under the sampling policy; advantages: [B]; mask: [B, T], 1 on the
+    tokens to train (EOS included); ref_logps: [B, T] under the reference policy, for the KL term.
+
+    When the call sees only part of a batch (a micro-batch, one rank's share), pass the whole batch's
+    num_sequences and num_tokens (completion tokens): then the parts' losses and gradients add up to
+    the batch's. max_len is dr_grpo's constant (max_new_tokens). Each defaults to this call's batch.
+
+    Returns (loss, stats); stats are floats over this call's tokens: the fractions of tokens whose
+    ratio is clipped below (A < 0) or above (A > 0), which get no gradient, and the mean KL.
+    """
+    mask = mask.to(logps.dtype)
+    num_sequences = len(mask) if num_sequences is None else num_sequences
+    num_tokens = mask.sum() if num_tokens is None else num_tokens
+    max_len = mask.shape[1] if max_len is None else max_len
+    ratio = torch.exp(logps - old_logps)
+    adv = advantages[:, None].to(logps.dtype)
+    per_token = -torch.min(ratio * adv, ratio.clamp(1 - epsilon_low, 1 + epsilon_high) * adv)
+    if ref_logps is not None:
+        delta = ref_logps - logps
+        kl = torch.exp(delta) - delta - 1
+        per_token = per_token + beta * kl
+    if aggregation == "grpo":
+        weights = mask / mask.sum(1, keepdim=True).clamp(min=1) / num_sequences
+    elif aggregation == "dapo":
+        weights = mask / num_tokens
+    elif aggregation == "dr_grpo":
+        weights = mask / (num_sequences * max_len)
+    else:
+        raise ValueError(f"aggregation {aggregation!r}: choose one of {', '.join(AGGREGATIONS)}")
+    loss = (per_token * weights).sum()
+
+    with torch.no_grad():
+        tokens = mask.sum().clamp(min=1)
+        stats = {"clip_low": float(((ratio < 1 - epsilon_low) & (adv < 0) & mask.bool()).sum() / tokens),
+                 "clip_high": float(((ratio > 1 + epsilon_high) & (adv > 0) & mask.bool()).sum() / tokens)}
+        if ref_logps is not None:
+            stats["kl"] = float((kl * mask).sum() / tokens)
+    return loss, stats
+
+
+class GRPO:
+    # Checkpoints hold merged weights, so --resume starts again from the base model and state_dict
+    # restores the trained weights. This also keeps the base as the reference policy.
+    resume_from_base = True
+
+    def __init__(self, model, tokenizer, task, config, chat_template=True):
+        world = distributed.world_size()
+        if config.group_size < 2:
+            raise UserError("--group-size must be at least 2: advantages compare completions within a group")
+        if config.prompts < world:
+            raise UserError(f"--prompts {config.prompts}: need at least one prompt per process ({world})")
+        if any(p.dtype == torch.int8 for p in model.parameters()) and config.lora_rank == 0:
+            raise UserError("a model loaded in 8-bit cannot be trained directly: pass --lora-rank (e.g. 16)")
+        self.model, self.tokenizer, self.task, self.config = model, tokenizer, task, config
+        self.chat_template = chat_template
+        self.prompts_per_step = config.prompts
+        if config.lora_rank > 0:
+            lora.add_adapters(model, config.lora_rank, config.lora_alpha, config.lora_targets.split(","))
+        # The reference policy for the KL term: under LoRA the base with its adapters off; otherwise a
+        # frozen copy of the initial weights; with beta = 0, nothing.
+        self.reference = None
+        if config.beta > 0 and config.lora_rank == 0:
+            self.reference = copy.deepcopy(model).requires_grad_(False)
+        if config.gradient_checkpointing:
+            model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+        self.params = [p for p in model.parameters() if p.requires_grad]
+        if config.optim == "adamw8bit":
+            import bitsandbytes as bnb
+            self.optimizer = bnb.optim.AdamW8bit(self.params, lr=config.lr, weight_decay=0.0)
+        else:
+            self.optimizer = torch.optim.AdamW(self.params, lr=config.lr, weight_decay=0.0)
+        # The rotary tables are the only buffers and never change: no need to broadcast them each forward.
+        self.policy = DistributedDataParallel(model, forward_sync_buffers=False) if world > 1 else model
+
+    def step(self, problems, seed):
+        cfg, G = self.config, self.config.group_size
+        mine = distributed.shard(list(range(len(problems))))  # this rank's prompts
+        local = [problems[i] for i in mine for _ in range(G)]  # each group's completions side by side
+        prompts = format_prompts(self.tokenizer, [p.question for p in local], self.chat_template)
+        self.model.eval()
+        rollouts = generate(self.model, self.tokenizer, prompts, self.task.max_new_tokens, cfg.temperature,
+                            seed=seed * distributed.world_size() + distributed.rank())
+        scores = [self.task.score(text, p) for p, text in zip(local, rollouts.texts)]
+        per_completion = torch.tensor([[s.reward, s.correct] for s in scores], dtype=torch.float64)
+        per_completion = torch.cat([per_completion, rollouts.lengths[:, None].double(),
+                                    rollouts.truncated(self.tokenizer.eos_token_id)[:, None].double()], 1)
+        # Every rank gets the whole batch's rewards: for batch-std scaling and for the log.
+        table = torch.zeros(len(problems), G, per_completion.shape[1], dtype=torch.float64)
+        table[mine] = per_completion.view(len(mine), G, -1)
+        rewards, correct, lengths, truncated = distributed.all_reduce_sum(table).unbind(-1)
+        advantages = group_advantages(rewards, cfg.scale_rewards)[mine].flatten().float()
+
+        stats = self.update(rollouts, advantages)
+        return {"reward_mean": rewards.mean().item(), "reward_std": rewards.std().item(),
+                "accuracy": correct.mean().item(),
+                "zero_std_groups": rewards.eq(rewards[:, :1]).all(1).double().mean().item(),
+                **stats, "length_mean": lengths.mean().item(), "length_max": lengths.max().item(),
+                "truncated": truncated.mean().item(), "tokens": int(lengths.sum().item())}
+
+    def update(self, rollouts, advantages):
+        """μ optimizer steps on this rank's rollouts with their advantages [rows]; returns the log."""
+        cfg = self.config
+        mask = rollouts.completion_mask
+        counts = distributed.all_reduce_sum(torch.tensor([len(mask), mask.sum().item()], dtype=torch.float64))
+        norm = {"num_sequences": counts[0].item(), "num_tokens": counts[1].item(), "max_len": self.task.max_new_tokens}
+        batches = [slice(s, s + cfg.micro_batch) for s in range(0, len(mask), cfg.micro_batch)]
+
+        def logps_of(model, rows, with_entropy=False):
+            return completion_logprobs(model, rollouts.prompt_ids[rows], rollouts.prompt_mask[rows],
+                                       rollouts.completion_ids[rows], mask[rows], cfg.temperature,
+                                       with_entropy=with_entropy, chunk=cfg.micro_batch)
+
+        # transformers checkpoints activations only in train mode; the models here have no dropout.
+        # (On the CPU, bitsandbytes computes in float in train mode and in int8 in eval mode, so the
+        # reference below is computed in the policy's mode: equal weights give a KL of exactly 0.)
+        self.model.train(cfg.gradient_checkpointing)
+        ref_logps = [None] * len(batches)
+        if cfg.beta > 0:
+            reference = self.model if self.reference is None else self.reference
+            with torch.no_grad(), lora.adapters_disabled(self.model):
+                ref_logps = [logps_of(reference, rows) for rows in batches]
+        old_logps = [None] * len(batches)
+        # Sums over this rank's tokens (or passes), reduced over ranks at the end.
+        totals = dict.fromkeys(["loss", "clip_low", "clip_high", "kl", "entropy", "grad_norm"], 0.0)
+        for update in range(cfg.updates_per_batch):
+            self.optimizer.zero_grad(set_to_none=True)
+            for i, rows in enumerate(batches):
+                # DDP all-reduces gradients on the last micro-batch only; the others accumulate locally.
+                sync = i == len(batches) - 1 or self.policy is self.model
+                with contextlib.nullcontext() if sync else self.policy.no_sync():
+                    if update == 0:
+                        logps, entropy = logps_of(self.policy, rows, with_entropy=True)
+                        old_logps[i] = logps.detach()
+                        totals["entropy"] += (entropy.detach() * mask[rows]).sum().item()
+                    else:
+                        logps = logps_of(self.policy, rows)
+                    loss, stats = grpo_loss(logps, old_logps[i], advantages[rows], mask[rows], cfg.epsilon_low,
+                                            cfg.epsilon_high, cfg.loss_aggregation, ref_logps[i], cfg.beta, **norm)
+                    # The loss is normalised by global counts, so the batch gradient is the sum over ranks;
+                    # DDP averages, hence the factor.
+                    (loss * distributed.world_size()).backward()
+                tokens = mask[rows].sum().item()
+                totals["loss"] += loss.item()
+                for key in stats:
+                    totals[key] += stats[key] * tokens
+            totals["grad_norm"] += torch.nn.utils.clip_grad_norm_(self.params, cfg.max_grad_norm).item()
+            self.optimizer.step()
+        self.model.eval()
+
+        local = torch.tensor([totals[k] for k in ("loss", "clip_low", "clip_high", "kl", "entropy")],
+                             dtype=torch.float64)
+        loss, clip_low, clip_high, kl, entropy = distributed.all_reduce_sum(local).tolist()
+        passes, tokens = cfg.updates_per_batch, norm["num_tokens"]
+        out = {"loss": loss / passes, "entropy": entropy / tokens, "clip_low": clip_low / (passes * tokens),
+               "clip_high": clip_high / (passes * tokens), "grad_norm": totals["grad_norm"] / passes}
+        if cfg.beta > 0:
+            out["kl"] = kl / (passes * tokens)
+        return out
+
+    def state_dict(self):
+        """The trained weights (the adapters alone under LoRA) and the optimizer state."""
+        weights = {name: p.detach() for name, p in self.model.named_parameters() if p.requires_grad}
+        return {"weights": weights, "optimizer": self.optimizer.state_dict()}
+
+    def load_state_dict(self, state):
+        params = dict(self.model.named_parameters())
+        with torch.no_grad():
+            for name, value in state["weights"].items():
+                params[name].copy_(value)
+        self.optimizer.load_state_dict(state["optimizer"])
+
+    def model_to_save(self):
+        """The model as a plain checkpoint: adapters merged into dequantized weights under LoRA."""
+        return lora.merged_model(self.model) if self.config.lora_rank > 0 else self.model
+

@@ -1,0 +1,125 @@
+"""Build the shipped tiny model: a character tokenizer, a small Qwen2 decoder, and a supervised warm
+start on the default task's reference solutions.
+
+    python -m minies.make_tiny            # rewrites minies/assets/tiny (deterministic from --seed)
+
+The warm start is stopped early on purpose, as soon as held-out pass@1 at temperature 1 reaches
+--stop-at-pass1 (20%): the model knows the answer format, often has the right answer among its
+samples, but is still wrong most of the time, so reinforcement learning has something to learn.
+Around that point the model is learning fast (it is "getting" the carry), which is exactly where a
+small push from RL shows. The evaluation is seeded, so the stopping step is deterministic too.
+"""
+import argparse
+import os
+import string
+import time
+
+import torch
+from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
+
+from minies.evaluate import evaluate
+from minies.models import SHIPPED_MODEL
+from minies.rollout import format_prompts
+from minies.tasks import Arithmetic
+
+SPECIAL = ["<pad>", "<eos>", "<unk>"]
+WORDS = ["<answer>", "</answer>", "<|user|>", "<|assistant|>"]  # single tokens, kept when decoding
+CHAT_TEMPLATE = ("{% for m in messages %}<|user|>{{ m['content'] }}{% endfor %}"
+                 "{% if add_generation_prompt %}<|assistant|>{% endif %}")
+
+
+def build_tokenizer():
+    """One token per printable ASCII character, plus the special and tag tokens."""
+    chars = [c for c in string.printable if c not in "\x0b\x0c\r"]
+    vocab = {t: i for i, t in enumerate(SPECIAL + WORDS + chars)}
+    tk = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    tk.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")
+    tk.decoder = decoders.Fuse()
+    tk.add_special_tokens(SPECIAL)
+    tk.add_tokens(WORDS)
+    tok = PreTrainedTokenizerFast(tokenizer_object=tk, pad_token="<pad>", eos_token="<eos>", unk_token="<unk>")
+    tok.chat_template = CHAT_TEMPLATE
+    tok.padding_side = "left"
+    return tok
+
+
+def build_model(tok, hidden, layers, seed):
+    torch.manual_seed(seed)
+    config = Qwen2Config(vocab_size=len(tok), hidden_size=hidden, intermediate_size=4 * hidden,
+                         num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2,
+                         max_position_embeddings=128, tie_word_embeddings=True, pad_token_id=tok.pad_token_id,
+                         eos_token_id=tok.eos_token_id, bos_token_id=None)
+    return Qwen2ForCausalLM(config)
+
+
+def sft_batch(tok, task, problems):
+    """Token ids of prompt + solution + EOS, right-padded, with labels only on the completion."""
+    prompts = format_prompts(tok, [p.question for p in problems])
+    rows, labels = [], []
+    for prompt, p in zip(prompts, problems):
+        prompt_ids = tok(prompt, add_special_tokens=False)["input_ids"]
+        answer_ids = tok(task.solution(p), add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
+        rows.append(prompt_ids + answer_ids)
+        labels.append([-100] * len(prompt_ids) + answer_ids)
+    width = max(map(len, rows))
+    ids = torch.tensor([r + [tok.pad_token_id] * (width - len(r)) for r in rows])
+    lab = torch.tensor([r + [-100] * (width - len(r)) for r in labels])
+    return ids, (ids != tok.pad_token_id).long(), lab
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", default=SHIPPED_MODEL, help="output directory (default: the shipped model's)")
+    ap.add_argument("--seed", type=int, default=0, help="seed for weights and data")
+    ap.add_argument("--hidden", type=int, default=128, help="hidden size")
+    ap.add_argument("--layers", type=int, default=4, help="number of decoder layers")
+    ap.add_argument("--steps", type=int, default=600, help="at most this many SFT steps")
+    ap.add_argument("--stop-at-pass1", type=float, default=0.2,
+                    help="stop once held-out pass@1 (T=1, 200 problems x 8 samples) reaches this (0: never)")
+    ap.add_argument("--batch", type=int, default=128, help="sequences per SFT step")
+    ap.add_argument("--lr", type=float, default=2e-3, help="AdamW learning rate (after a linear warmup)")
+    ap.add_argument("--eval-every", type=int, default=25, help="evaluate on 200 test problems every k steps")
+    args = ap.parse_args(argv)
+
+    start = time.time()
+    task = Arithmetic()
+    tok = build_tokenizer()
+    model = build_model(tok, args.hidden, args.layers, args.seed)
+    print(f"{sum(p.numel() for p in model.parameters()) / 1e6:.2f}M parameters")
+    problems = task.train_problems(args.steps * args.batch, seed=args.seed)
+    opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.01)
+    # Constant after warmup, no decay: the run is stopped mid-way on purpose, while the model is still
+    # improving fast, so that RL starts from a model that is close to getting many answers right.
+    warmup = max(1, args.steps // 20)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min((s + 1) / warmup, 1.0))
+
+    def report(step):
+        model.eval()
+        m = evaluate(model, tok, task, task.test_problems()[:200], n=8, ks=(1, 8))
+        model.train()
+        print(f"step {step}: " + " ".join(f"{k} {v:.3f}" for k, v in m.items() if isinstance(v, float)),
+              f"({time.time() - start:.0f}s)", flush=True)
+        return m["pass@1"]
+
+    model.train()
+    for step in range(args.steps):
+        ids, mask, labels = sft_batch(tok, task, problems[step * args.batch:(step + 1) * args.batch])
+        loss = model(input_ids=ids, attention_mask=mask, labels=labels).loss
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        sched.step()
+        if step % 50 == 0:
+            print(f"step {step} loss {loss.item():.4f}", flush=True)
+        if (step + 1) % args.eval_every == 0 and report(step + 1) >= args.stop_at_pass1 > 0:
+            break
+    model.eval()
+    model.generation_config.top_k = None  # sample from the full distribution by default
+    model.save_pretrained(args.out)
+    tok.save_pretrained(args.out)
+    print(f"saved to {args.out} in {time.time() - start:.0f}s")
+
+
+if __name__ == "__main__":
+    main()

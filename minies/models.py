@@ -1,0 +1,76 @@
+"""Loading causal language models and their tokenizers: a hub id or a local directory,
+float32 / bfloat16 / float16, or LLM.int8 through bitsandbytes (on CUDA and on CPU)."""
+import os
+import warnings
+
+import huggingface_hub
+import torch
+import transformers
+
+from minies import UserError
+
+SHIPPED_MODEL = os.path.join(os.path.dirname(__file__), "assets", "tiny")
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+# Loading and saving bars of transformers would clutter our own progress bars.
+transformers.utils.logging.disable_progress_bar()
+transformers.utils.logging.set_verbosity_error()
+huggingface_hub.utils.logging.set_verbosity_error()  # no network: our one-line error says it all
+# bitsandbytes warns once per call site that it casts fp32 inputs to fp16; it is expected.
+warnings.filterwarnings("ignore", message=".*MatMul8bitLt: inputs will be cast.*")
+
+
+def default_device():
+    return torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
+
+
+def _check_source(name):
+    looks_local = os.path.isabs(name) or name.startswith((".", "~")) or os.path.exists(name)
+    if looks_local and not os.path.isdir(os.path.expanduser(name)):
+        raise UserError(f"--model {name}: no such directory; give a local model directory or a hub id")
+
+
+def load_tokenizer(name=SHIPPED_MODEL):
+    """The tokenizer, set up for batched generation with a decoder-only model: left padding, and a
+    pad token (the EOS token when the model defines none, as Llama does)."""
+    from transformers import AutoTokenizer
+
+    _check_source(name)
+    try:
+        tok = AutoTokenizer.from_pretrained(os.path.expanduser(name))
+    except Exception as e:  # network, missing files, bad id: one line for the user
+        raise UserError(f"--model {name}: cannot load its tokenizer ({type(e).__name__}: {str(e).splitlines()[0]})")
+    tok.padding_side = "left"
+    if tok.pad_token is None:
+        tok.pad_token = tok.eos_token
+    return tok
+
+
+def load_model(name=SHIPPED_MODEL, dtype="float32", load_in_8bit=False, device=None):
+    """A causal LM in eval mode on `device` (default: CUDA if present, else CPU).
+
+    With `load_in_8bit`, every nn.Linear except the output head becomes a bitsandbytes Linear8bitLt
+    holding int8 weights with one fp32 scale per row; embeddings and norms stay in `dtype`.
+    """
+    from transformers import AutoModelForCausalLM, BitsAndBytesConfig
+
+    if dtype not in DTYPES:
+        raise UserError(f"--dtype {dtype}: choose one of {', '.join(DTYPES)}")
+    _check_source(name)
+    device = torch.device(device) if device is not None else default_device()
+    kwargs = {"dtype": DTYPES[dtype]}
+    if load_in_8bit:
+        kwargs["quantization_config"] = BitsAndBytesConfig(load_in_8bit=True)
+        kwargs["device_map"] = {"": device.index if device.type == "cuda" else "cpu"}
+    try:
+        model = AutoModelForCausalLM.from_pretrained(os.path.expanduser(name), **kwargs)
+    except Exception as e:
+        raise UserError(f"--model {name}: cannot load it ({type(e).__name__}: {str(e).splitlines()[0]})")
+    if not load_in_8bit:
+        model.to(device)
+    model.eval()
+    return model
+
+
+def model_device(model):
+    return next(model.parameters()).device

@@ -1,0 +1,73 @@
+"""Config dataclasses -> argparse: every flag has a help text and shows its default; values round-trip."""
+import argparse
+import dataclasses
+import importlib.util
+import re
+
+import pytest
+
+from conftest import REPO
+from minies.config import add_arguments, from_args, option
+
+
+def _train_script():
+    spec = importlib.util.spec_from_file_location("minies_train_script", REPO / "train.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def config_classes():
+    train = _train_script()
+    classes = [train.TrainConfig]
+    for config_class, _ in train.algorithms().values():
+        classes.append(config_class)
+    return classes
+
+
+def _parser(*classes):
+    def wide(prog):  # one line per flag: no wrapping, help beside the flag
+        return argparse.HelpFormatter(prog, max_help_position=1000, width=10_000)
+
+    parser = argparse.ArgumentParser(formatter_class=wide)
+    for c in classes:
+        add_arguments(parser, c)
+    return parser
+
+
+def test_every_field_has_a_help_text(config_classes):
+    for c in config_classes:
+        for f in dataclasses.fields(c):
+            assert f.metadata.get("help", "").strip(), f"{c.__name__}.{f.name} has no help text"
+
+
+def test_help_shows_every_flag_with_its_default(config_classes):
+    for c in config_classes:
+        text = _parser(c).format_help()
+        lines = text.splitlines()
+        for f in dataclasses.fields(c):
+            flag = "--" + f.name.replace("_", "-")
+            line = next((ln for ln in lines if re.search(rf"(^|\s|/){re.escape(flag)}(\s|,|/|$)", ln)), None)
+            assert line is not None, f"{flag} missing from --help"
+            assert f.metadata["help"] in line and f"(default: {f.default})" in line, line
+
+
+def test_parsed_values_round_trip():
+    @dataclasses.dataclass
+    class Demo:
+        lr_scale: float = option(0.5, "a float")
+        steps: int = option(3, "an int")
+        name: str = option(None, "an optional string")
+        mode: str = option("a", "a choice", choices=["a", "b"])
+        flag: bool = option(True, "a switch")
+
+    parser = _parser(Demo)
+    assert from_args(Demo, parser.parse_args([])) == Demo()
+    args = parser.parse_args(["--lr-scale", "2e-3", "--steps", "7", "--name", "x", "--mode", "b", "--no-flag"])
+    assert from_args(Demo, args) == Demo(lr_scale=2e-3, steps=7, name="x", mode="b", flag=False)
+    assert isinstance(from_args(Demo, args).steps, int)
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--mode", "c"])
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--steps", "many"])

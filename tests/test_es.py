@@ -1,0 +1,156 @@
+"""ES: exact restore, lossless updates, ties, independent noise, 8-bit, torchrun and resume."""
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from minies.es import ES, ESConfig, PerturbedTensor, member_seeds, noise, normalize_rewards
+from minies.models import load_model, load_tokenizer
+from minies.tasks import Arithmetic
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def weights(model):
+    return {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+
+def make_es(model_dir, dtype="float32", load_in_8bit=False, **overrides):
+    model = load_model(model_dir, dtype, load_in_8bit, device="cpu")
+    cfg = ESConfig(**{"population": 4, "prompts_per_step": 8, **overrides})
+    return ES(model, load_tokenizer(model_dir), Arithmetic(test_size=50), cfg)
+
+
+@pytest.mark.parametrize("dtype,eightbit", [("float32", False), ("bfloat16", False), ("float16", False),
+                                            ("float32", True)])
+def test_restore_is_bit_exact_after_many_cycles(tiny_model_dir, dtype, eightbit):
+    es = make_es(tiny_model_dir, dtype, eightbit)
+    es.model(torch.tensor([[5, 6, 7]]))  # 8-bit: the first forward moves the row scales to layer.state
+    before = weights(es.model)
+    for seed, sign in member_seeds(123, 20, antithetic=True):
+        for t in es.tensors:
+            t.perturbed(seed, sign, sigma=0.01)
+        changed = [not torch.equal(t.param, before_t) for t, before_t in
+                   zip(es.tensors, [before[n] for n in dict(es.model.named_parameters())])]
+        assert any(changed)
+        for t in es.tensors:
+            t.clean()
+    after = weights(es.model)
+    for name in before:
+        assert torch.equal(before[name], after[name]), name
+
+
+def test_update_below_bf16_spacing_moves_the_master():
+    layer = torch.nn.Linear(4, 4).to(torch.bfloat16)
+    layer.weight.data.fill_(1.0)  # bf16 spacing at 1.0 is 2**-7
+    t = PerturbedTensor(0, "weight", layer.weight, layer)
+    t.master += 1e-3  # far below the spacing: a bf16 addition would lose it entirely
+    t.clean()
+    assert torch.all(t.master == torch.tensor(1.0) + 1e-3)
+    assert torch.equal(layer.weight, torch.ones(4, 4, dtype=torch.bfloat16))
+    for _ in range(10):  # ten such steps add up in the master and finally show in bf16
+        t.master += 1e-3
+    t.clean()
+    assert torch.all(layer.weight > 1.0)
+
+
+def test_noise_is_independent_per_tensor_and_reproducible():
+    a = noise(7, 0, (3, 5), "cpu")
+    assert torch.equal(a, noise(7, 0, (3, 5), "cpu"))
+    assert not torch.allclose(a, noise(7, 1, (3, 5), "cpu"))  # same shape, other tensor: other noise
+    assert not torch.allclose(a, noise(8, 0, (3, 5), "cpu"))
+
+
+def test_member_seeds_antithetic_pairs():
+    members = member_seeds(5, 6, antithetic=True)
+    assert [s for s, _ in members[0::2]] == [s for s, _ in members[1::2]]
+    assert [sign for _, sign in members] == [1.0, -1.0] * 3
+    assert members == member_seeds(5, 6, antithetic=True)
+
+
+def test_normalize_rewards():
+    assert np.allclose(normalize_rewards([0.1, 0.3, 0.2], "rank"), [-0.5, 0.5, 0.0])
+    assert np.allclose(normalize_rewards([1.0, 1.0, 0.0, 2.0], "rank"), [0.0, 0.0, -0.5, 0.5])
+    z = normalize_rewards([1.0, 2.0, 3.0], "zscore")
+    assert np.isclose(z.mean(), 0) and np.isclose(z.std(), 1)
+    for how in ("rank", "zscore"):
+        out = normalize_rewards([0.5, 0.5, 0.5], how)
+        assert not np.isnan(out).any() and not out.any()
+
+
+def test_all_tied_step_changes_nothing(tiny_model_dir):
+    es = make_es(tiny_model_dir)
+    es.score = lambda problems, seed: (np.full(len(problems), 0.1), 10)  # every member scores the same
+    before = weights(es.model)
+    stats = es.step(Arithmetic(test_size=50).train_problems(8, seed=0), seed=0)
+    assert stats["all_tied"] and stats["update_norm"] == 0.0 and not np.isnan(stats["fitness_snr"])
+    for name, value in weights(es.model).items():
+        assert torch.equal(before[name], value)
+
+
+def test_update_is_the_seeded_sum(tiny_model_dir):
+    """θ ← θ + α/N Σ z_n ε_n, with ε regenerated from the member seeds."""
+    es = make_es(tiny_model_dir, alpha=0.01, antithetic=False)
+    fake = iter([0.0, 1.0, 3.0, 2.0])
+    es.score = lambda problems, seed: (np.full(len(problems), next(fake)), 10)
+    t = es.tensors[3]
+    start = t.master.clone()
+    es.step(Arithmetic(test_size=50).train_problems(8, seed=0), seed=11)
+    z = normalize_rewards([0.0, 1.0, 3.0, 2.0], "rank")
+    expected = start + 0.01 / 4 * sum(zn * noise(s, t.index, t.param.shape, "cpu")
+                                      for (s, _), zn in zip(member_seeds(11, 4, False), z))
+    assert torch.allclose(t.master, expected, atol=1e-7)
+    assert torch.equal(t.param, t.master)
+
+
+def test_8bit_steps_change_outputs_and_checkpoint_reloads(tiny_model_dir, tmp_path):
+    es = make_es(tiny_model_dir, load_in_8bit=True, sigma=0.05, alpha=0.05, population=4)
+    ids = torch.tensor([[5, 8, 9, 79, 10]])
+    before = es.model(ids).logits
+    problems = Arithmetic(test_size=50).train_problems(8, seed=0)
+    rewards = iter(range(100))
+    es.score = lambda problems, seed: (np.full(len(problems), float(next(rewards))), 10)
+    for step in range(2):
+        es.step(problems, seed=step)
+    after = es.model(ids).logits
+    assert not torch.allclose(before, after)
+    es.model.save_pretrained(tmp_path)
+    reloaded = load_model(str(tmp_path), device="cpu")  # the saved config says 8-bit
+    assert torch.allclose(reloaded(ids).logits, after, atol=1e-4)
+
+
+def run_train(args, tmp_path, procs=1):
+    cmd = [sys.executable, "train.py"] if procs == 1 else [
+        sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={procs}", "train.py"]
+    common = ["--population", "4", "--prompts-per-step", "8", "--eval-every", "0", "--eval-problems", "8",
+              "--final-samples", "1", "--out", str(tmp_path), "--sigma", "0.01", "--alpha", "0.01"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    out = subprocess.run(cmd + common + args, cwd=ROOT, capture_output=True, text=True, env=env, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+
+
+def final_weights(run_dir, step):
+    return load_file(os.path.join(run_dir, f"step-{step:06d}", "model.safetensors"))
+
+
+def test_torchrun_two_processes_equal_one(tmp_path, tiny_model_dir):
+    run_train(["--steps", "3", "--run-name", "one", "--model", tiny_model_dir], tmp_path)
+    run_train(["--steps", "3", "--run-name", "two", "--model", tiny_model_dir], tmp_path, procs=2)
+    one, two = final_weights(tmp_path / "one", 3), final_weights(tmp_path / "two", 3)
+    assert one.keys() == two.keys()
+    assert all(torch.equal(one[k], two[k]) for k in one)
+    start = load_file(os.path.join(tiny_model_dir, "model.safetensors"))
+    assert not all(torch.equal(one[k], start[k]) for k in one)  # the runs did train
+
+
+def test_resume_is_bit_exact(tmp_path, tiny_model_dir):
+    model = ["--model", tiny_model_dir]
+    run_train(["--steps", "4", "--run-name", "straight"] + model, tmp_path)
+    run_train(["--steps", "2", "--run-name", "resumed", "--save-every", "2"] + model, tmp_path)
+    run_train(["--steps", "4", "--run-name", "resumed", "--resume"] + model, tmp_path)
+    a, b = final_weights(tmp_path / "straight", 4), final_weights(tmp_path / "resumed", 4)
+    assert all(torch.equal(a[k], b[k]) for k in a)

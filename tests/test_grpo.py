@@ -1,0 +1,245 @@
+"""GRPO: the loss by hand, clipping, exact micro-batch and multi-process aggregation, zero-advantage
+groups, the EOS token, KL, learning on a fixed batch, exact resume."""
+import copy
+import io
+import math
+import os
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from minies.grpo import GRPO, GRPOConfig, group_advantages, grpo_loss
+from minies.models import load_model, load_tokenizer
+from minies.rollout import Rollouts, completion_logprobs, format_prompts, generate
+from minies.tasks import Arithmetic
+
+SMALL = {"prompts": 4, "group_size": 4, "micro_batch": 8}
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    """Tiny matmuls gain nothing from threads, and on a busy machine their spin-waits cost seconds."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def make_grpo(model_dir, load_in_8bit=False, **overrides):
+    torch.manual_seed(0)  # the adapters' initialisation, as train.py seeds it
+    model = load_model(model_dir, load_in_8bit=load_in_8bit, device="cpu")
+    return GRPO(model, load_tokenizer(model_dir), Arithmetic(test_size=20), GRPOConfig(**{**SMALL, **overrides}))
+
+
+def sample(algo, prompts=4, seed=0):
+    """A fixed batch: `prompts` problems times the group size, sampled from the algorithm's model."""
+    problems = algo.task.train_problems(prompts, seed=seed)
+    questions = [p.question for p in problems for _ in range(algo.config.group_size)]
+    return generate(algo.model, algo.tokenizer, format_prompts(algo.tokenizer, questions), algo.task.max_new_tokens,
+                    seed=seed)
+
+
+def rows(rollouts, index):
+    return Rollouts(rollouts.prompt_ids[index], rollouts.prompt_mask[index], rollouts.completion_ids[index],
+                    rollouts.completion_mask[index], [rollouts.texts[i] for i in index])
+
+
+def logps(model, r):
+    return completion_logprobs(model, r.prompt_ids, r.prompt_mask, r.completion_ids, r.completion_mask)
+
+
+def trainable(algo):
+    return {n: p.detach().clone() for n, p in algo.model.named_parameters() if p.requires_grad}
+
+
+# The loss as a function ---------------------------------------------------------------------------
+
+@pytest.mark.parametrize("aggregation,max_len,expected", [
+    ("grpo", None, 0.5),  # mean over sequences of per-sequence means: (-1 + 2) / 2
+    ("dapo", None, 0.8),  # mean over the 5 tokens: (-1 - 1 + 2 + 2 + 2) / 5
+    ("dr_grpo", None, 4 / 6),  # sum / (B * width) = 4 / (2 * 3)
+    ("dr_grpo", 4, 0.5),  # sum / (B * max_len) = 4 / (2 * 4)
+])
+def test_loss_by_hand(aggregation, max_len, expected):
+    # At ratio 1 each token's loss is -A: row 0 has A = 1 on 2 tokens, row 1 has A = -2 on 3.
+    lp = torch.zeros(2, 3, requires_grad=True)
+    mask = torch.tensor([[1, 1, 0], [1, 1, 1]])
+    loss, stats = grpo_loss(lp, lp.detach(), torch.tensor([1.0, -2.0]), mask, aggregation=aggregation, max_len=max_len)
+    assert loss.item() == pytest.approx(expected)
+    assert stats == {"clip_low": 0.0, "clip_high": 0.0}
+    loss.backward()
+    assert lp.grad[0, 2] == 0  # masked tokens get no gradient
+
+
+def test_clipping_only_where_it_should():
+    ratios = torch.tensor([[0.5, 0.9, 1.1, 1.5], [0.5, 0.9, 1.1, 1.5]])
+    old = torch.zeros(2, 4)
+    lp = ratios.log().requires_grad_()
+    loss, stats = grpo_loss(lp, old, torch.tensor([1.0, -1.0]), torch.ones(2, 4), 0.2, 0.2, "dapo")
+    loss.backward()
+    # A > 0: only a ratio above 1 + eps is clipped; A < 0: only a ratio below 1 - eps.
+    clipped = torch.tensor([[False, False, False, True], [True, False, False, False]])
+    assert torch.all(lp.grad[clipped] == 0)
+    assert torch.all(lp.grad[~clipped] != 0)
+    assert stats["clip_low"] == stats["clip_high"] == 1 / 8
+    # Asymmetric clipping (DAPO's clip-higher): with eps_high 0.6, 1.5 is no longer clipped.
+    _, stats = grpo_loss(lp, old, torch.tensor([1.0, -1.0]), torch.ones(2, 4), 0.2, 0.6, "dapo")
+    assert stats["clip_high"] == 0 and stats["clip_low"] == 1 / 8
+
+
+@pytest.mark.parametrize("aggregation", ["grpo", "dapo", "dr_grpo"])
+def test_parts_add_up_to_the_batch(aggregation):
+    g = torch.Generator().manual_seed(0)
+    lp = (-torch.rand(6, 5, generator=g)).requires_grad_()
+    old, ref = lp.detach() + 0.1 * torch.randn(6, 5, generator=g), lp.detach() - 0.2
+    adv, mask = torch.randn(6, generator=g), torch.ones(6, 5)
+    mask[1, 3:] = mask[4, 1:] = 0
+    args = dict(aggregation=aggregation, beta=0.1, max_len=7)
+    whole, _ = grpo_loss(lp, old, adv, mask, ref_logps=ref, **args)
+    whole_grad, = torch.autograd.grad(whole, lp)
+    counts = dict(num_sequences=6, num_tokens=mask.sum())
+    parts = [grpo_loss(lp[s], old[s], adv[s], mask[s], ref_logps=ref[s], **args, **counts)[0]
+             for s in (slice(0, 2), slice(2, 6))]
+    parts_grad, = torch.autograd.grad(sum(parts), lp)
+    assert sum(parts).item() == pytest.approx(whole.item(), abs=1e-7)
+    torch.testing.assert_close(parts_grad, whole_grad)
+
+
+def test_kl_is_zero_when_policy_is_reference():
+    lp = -torch.rand(3, 4)
+    adv, mask = torch.tensor([1.0, -1.0, 0.5]), torch.ones(3, 4)
+    with_kl, stats = grpo_loss(lp, lp, adv, mask, ref_logps=lp, beta=0.5)
+    without, _ = grpo_loss(lp, lp, adv, mask)
+    assert stats["kl"] == 0.0 and with_kl.item() == without.item()
+    _, stats = grpo_loss(lp, lp, adv, mask, ref_logps=lp - 0.3, beta=0.5)
+    assert stats["kl"] == pytest.approx(math.exp(-0.3) + 0.3 - 1)  # k3 at ref - logp = -0.3
+
+
+def test_advantages_of_tied_groups_are_exactly_zero():
+    rewards = torch.tensor([[0.1] * 4, [1.1, 0.1, 0.1, 0.0], [0.0] * 4], dtype=torch.float64)
+    for scale in ("group", "batch", "none"):
+        adv = group_advantages(rewards, scale)
+        assert torch.all(adv[[0, 2]] == 0) and torch.isfinite(adv).all()
+        assert adv[1].sum().abs() < 1e-9 and adv[1, 0] > 0
+    assert torch.allclose(group_advantages(rewards, "none")[1], torch.tensor([0.775, -0.225, -0.225, -0.325],
+                                                                             dtype=torch.float64))
+    assert group_advantages(rewards, "group")[1].std().item() == pytest.approx(1.0, abs=1e-3)
+
+
+# On the model ---------------------------------------------------------------------------------
+
+def test_zero_advantage_groups_give_zero_gradient(tiny_model_dir):
+    algo = make_grpo(tiny_model_dir)
+    r = sample(algo, prompts=2)
+    rewards = torch.tensor([[1.0, 0.0, 0.1, 0.0], [0.1] * 4])  # the second group ties
+    adv = group_advantages(rewards).flatten()
+    assert torch.all(adv[4:] == 0)
+    counts = dict(num_sequences=8, num_tokens=r.completion_mask.sum())
+
+    def grad(index):
+        algo.model.zero_grad()
+        part = rows(r, index)
+        grpo_loss(logps(algo.model, part), logps(algo.model, part).detach(), adv[index], part.completion_mask,
+                  **counts)[0].backward()
+        return [p.grad.clone() for p in algo.params]
+
+    for whole, first_group in zip(grad(list(range(8))), grad(list(range(4)))):
+        torch.testing.assert_close(whole, first_group, rtol=1e-5, atol=1e-8)
+    assert all(g.abs().max() == 0 for g in grad(list(range(4, 8))))
+
+
+def test_eos_is_trained_when_pad_is_eos(tiny_model_dir):
+    algo = make_grpo(tiny_model_dir)
+    algo.tokenizer.pad_token = algo.tokenizer.eos_token
+    r = sample(algo)
+    eos = r.completion_ids.eq(algo.tokenizer.eos_token_id) & r.completion_mask.bool()
+    assert eos.sum(1).max() == 1 and eos.any(), "each finished row keeps exactly its first EOS in the mask"
+    lp = logps(algo.model, r).detach().requires_grad_()
+    grpo_loss(lp, lp.detach(), torch.ones(len(lp)), r.completion_mask)[0].backward()
+    assert torch.all(lp.grad[eos] != 0)
+
+
+@pytest.mark.parametrize("eightbit", [False, True])
+def test_kl_is_zero_at_the_first_step(tiny_model_dir, eightbit):
+    algo = make_grpo(tiny_model_dir, eightbit, beta=0.1, lora_rank=4 if eightbit else 0)
+    problems = algo.task.train_problems(4, seed=0)
+    first, second = algo.step(problems, 0), algo.step(problems, 1)
+    assert first["kl"] == 0.0 and second["kl"] > 0
+    expected = {"reward_mean", "reward_std", "accuracy", "zero_std_groups", "entropy", "clip_low", "clip_high",
+                "kl", "length_mean", "length_max", "truncated", "loss", "grad_norm", "tokens"}
+    assert expected <= first.keys() and all(math.isfinite(v) for v in first.values())
+    assert first["tokens"] == pytest.approx(first["length_mean"] * 16)
+
+
+@pytest.mark.parametrize("eightbit", [False, True])
+def test_loss_decreases_on_a_fixed_batch(tiny_model_dir, eightbit):
+    algo = make_grpo(tiny_model_dir, eightbit, lora_rank=4 if eightbit else 0, lr=1e-4 if eightbit else 1e-5)
+    r = sample(algo)
+    adv = torch.randn(len(r.texts), generator=torch.Generator().manual_seed(0))
+    start = logps(algo.model, r).detach()
+
+    def surrogate():  # the clipped objective against the policy the batch was sampled from
+        with torch.no_grad():
+            return grpo_loss(logps(algo.model, r), start, adv, r.completion_mask)[0].item()
+
+    losses = [surrogate()]
+    for _ in range(3):
+        algo.update(r, adv)
+        losses.append(surrogate())
+    assert losses[0] == pytest.approx(-adv.mean().item(), abs=1e-5)  # ratio 1: the loss is -mean(A)
+    assert all(b < a for a, b in zip(losses, losses[1:])), losses
+
+
+@pytest.mark.parametrize("eightbit,optim", [(False, "adamw"), (True, "adamw8bit")])
+def test_resume_is_exact(tiny_model_dir, eightbit, optim):
+    kwargs = dict(lora_rank=4 if eightbit else 0, optim=optim, beta=0.05)
+    problems = [Arithmetic(test_size=20).train_problems(4, seed=s) for s in range(3)]
+    straight = make_grpo(tiny_model_dir, eightbit, **kwargs)
+    for s in range(3):
+        straight.step(problems[s], s)
+    first = make_grpo(tiny_model_dir, eightbit, **kwargs)
+    for s in range(2):
+        first.step(problems[s], s)
+    buffer = io.BytesIO()
+    torch.save(first.state_dict(), buffer)
+    buffer.seek(0)
+    resumed = make_grpo(tiny_model_dir, eightbit, **kwargs)  # from the base model, as train.py does
+    resumed.load_state_dict(torch.load(buffer, weights_only=False))
+    resumed.step(problems[2], 2)
+    a, b = trainable(straight), trainable(resumed)
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    if eightbit:
+        assert all("lora_" in k for k in a)  # only the adapters are trained and kept
+
+
+# Two processes --------------------------------------------------------------------------------
+
+def _worker(rank, model_dir, tmp, batch):
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{tmp}/rendezvous", rank=rank, world_size=2)
+    algo = make_grpo(model_dir)
+    mine = [i for i in range(len(batch["advantages"])) if (i // algo.config.group_size) % 2 == rank]
+    algo.update(rows(batch["rollouts"], mine), batch["advantages"][mine])
+    grads = {n: p.grad.clone() for n, p in algo.model.named_parameters()}
+    for s in range(2):
+        algo.step(algo.task.train_problems(4, seed=s), s)
+    torch.save({"grads": grads, "weights": trainable(algo)}, f"{tmp}/rank{rank}.pt")
+    dist.destroy_process_group()
+
+
+def test_two_processes_equal_one(tiny_model_dir, tmp_path):
+    one = make_grpo(tiny_model_dir)
+    r = sample(one)
+    adv = torch.randn(len(r.texts), generator=torch.Generator().manual_seed(0))
+    # fork, not spawn: the children inherit the imported modules, which saves most of the test's time.
+    mp.start_processes(_worker, args=(tiny_model_dir, str(tmp_path), {"rollouts": r, "advantages": adv}), nprocs=2,
+                       start_method="fork")
+    one.update(r, adv)
+    ranks = [torch.load(tmp_path / f"rank{k}.pt") for k in range(2)]
+    for name, p in one.model.named_parameters():
+        torch.testing.assert_close(ranks[0]["grads"][name], p.grad, rtol=1e-4, atol=1e-7)
+    for name in ranks[0]["weights"]:
+        assert torch.equal(ranks[0]["weights"][name], ranks[1]["weights"][name]), name
+    assert any(not torch.equal(ranks[0]["weights"][n], w) for n, w in trainable(make_grpo(tiny_model_dir)).items())

@@ -1,0 +1,185 @@
+"""3PO: the sequence importance weights by hand, exact restore of the mean, M3PO's average of the
+per-sample gradients, C3PO's chunk bookkeeping and pooled advantages, two processes, and
+b3po / m3po / c3po end to end through train.py."""
+import json
+import math
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from conftest import finish, start_script
+from minies.grpo import GRPO, group_advantages
+from minies.models import load_model, load_tokenizer
+from minies.rollout import completion_logprobs, format_prompts, generate
+from minies.tasks import Arithmetic, Score
+from minies.threepo import (B3PO, C3PO, M3PO, C3POConfig, M3POConfig, ThreePOConfig, sequence_weights,
+                            weight_seeds)
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+SMALL = {"prompts": 2, "group_size": 4, "micro_batch": 8}
+VARIANTS = {"b3po": (B3PO, ThreePOConfig, {}), "m3po": (M3PO, M3POConfig, {"samples": 2}),
+            "c3po": (C3PO, C3POConfig, {"chunks": 2})}
+
+
+def make(model_dir, name, task=None, **overrides):
+    cls, config, extra = VARIANTS[name]
+    model = load_model(model_dir, device="cpu")
+    return cls(model, load_tokenizer(model_dir), task or Arithmetic(test_size=20), config(**{**SMALL, **extra, **overrides}))
+
+
+def weights(algo):
+    return [p.detach().clone() for p in algo.params]
+
+
+def logps(model, r):
+    with torch.no_grad():
+        return completion_logprobs(model, r.prompt_ids, r.prompt_mask, r.completion_ids, r.completion_mask)
+
+
+class VariedTask(Arithmetic):
+    """Rewards that vary with the completion's characters, so that groups rarely tie."""
+
+    def score(self, completion, problem):
+        return Score(reward=float(sum(map(ord, completion)) % 5), correct=False, malformed=False)
+
+
+def test_sequence_weights_by_hand():
+    # Two tokens per row; the third is masked out and must not count (it holds a huge log-ratio).
+    ratios = torch.tensor([1.5, 3.0, 0.4, 0.55, 1.9, 2.1], dtype=torch.float64)
+    behaviour = -torch.rand(6, 3, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    delta = torch.stack([ratios.log() * 0.25, ratios.log() * 0.75, torch.full((6,), 50.0, dtype=torch.float64)], 1)
+    mask = torch.tensor([[1, 1, 0]] * 6, dtype=torch.float64)
+    w, log_w = sequence_weights(behaviour + delta, behaviour, mask)
+    torch.testing.assert_close(log_w, ratios.log())
+    torch.testing.assert_close(w, torch.tensor([1.5, 0, 0, 0.55, 1.9, 0], dtype=torch.float64))
+    # Widening the window lets the truncation act: 3.0 and 2.1 are kept at 2; 0.4 is still dropped.
+    w, _ = sequence_weights(behaviour + delta, behaviour, mask, truncate=2.0, keep_min=0.5, keep_max=math.inf)
+    torch.testing.assert_close(w, torch.tensor([1.5, 2.0, 0, 0.55, 1.9, 2.0], dtype=torch.float64))
+
+
+@pytest.mark.parametrize("name,samples", [("b3po", 1), ("m3po", 2), ("c3po", 1)])
+def test_mean_is_restored_exactly(tiny_model_dir, name, samples, monkeypatch):
+    """A whole step without IVON's update (rollouts and gradients at weight samples) leaves the
+    weights bit for bit as they were; the samples' gradients wait in IVON for its step."""
+    algo = make(tiny_model_dir, name)
+    before = weights(algo)
+    monkeypatch.setattr(algo.optimizer, "step", lambda: None)
+    stats = algo.step(algo.task.train_problems(2, seed=0), 0)
+    assert all(torch.equal(a, b) for a, b in zip(before, weights(algo)))
+    assert algo.optimizer.num_samples == samples and all(p.grad is None for p in algo.params)
+    monkeypatch.undo()
+    algo.optimizer.step()
+    assert any(not torch.equal(a, b) for a, b in zip(before, weights(algo)))
+    assert {"sigma_mean", "hess_mean", "malformed", "zero_std_groups", "reward_mean", "tokens"} <= stats.keys()
+    assert stats["sigma_mean"] == pytest.approx((1e8 * (1e-3 + 1e-6)) ** -0.5, rel=1e-4)
+
+
+def test_m3po_step_averages_the_samples_gradients(tiny_model_dir, monkeypatch):
+    """With a stub gradient ĝ = θ̂ − θ (added to p.grad, as backward does), IVON's first step sees the
+    mean of the M samples' gradients, not of their running sums, and the mean of their ĝ⊙d/σ²."""
+    algo = make(tiny_model_dir, "m3po", samples=3)
+    theta = weights(algo)
+    sampled = []
+
+    def stub_update(self, rollouts, advantages, step=True):
+        sampled.append(weights(self))
+        for p, mean in zip(self.params, theta):
+            p.grad = p.detach() - mean if p.grad is None else p.grad + (p.detach() - mean)
+        return {}
+
+    monkeypatch.setattr(GRPO, "update", stub_update)
+    algo.step(algo.task.train_problems(2, seed=0), 0)
+    assert len(sampled) == 3 and not torch.equal(sampled[0][0], sampled[1][0])
+    cfg, opt = algo.config, algo.optimizer
+    precision = cfg.ess * (cfg.hess_init + cfg.weight_decay)  # 1/σ² at h = h0
+    for i, p in enumerate(algo.params):
+        g = torch.stack([s[i] - theta[i] for s in sampled]).mean(0)
+        f = torch.stack([(s[i] - theta[i]) ** 2 * precision for s in sampled]).mean(0)
+        h0 = cfg.hess_init
+        h = cfg.beta2 * h0 + (1 - cfg.beta2) * f + 0.5 * (1 - cfg.beta2) ** 2 * (h0 - f) ** 2 / (h0 + cfg.weight_decay)
+        torch.testing.assert_close(opt.state[p]["momentum"], (1 - cfg.beta1) * g)
+        torch.testing.assert_close(opt.state[p]["hess"], h)
+
+
+def test_c3po_chunks_and_pooled_advantages(tiny_model_dir, monkeypatch):
+    algo = make(tiny_model_dir, "c3po", task=VariedTask(test_size=20))
+    G, N = 4, 2
+    problems = algo.task.train_problems(2, seed=3)
+    prompts = format_prompts(algo.tokenizer, [p.question for p in problems for _ in range(G)])
+    algo.seeds = weight_seeds(3, N + 1)
+    before = weights(algo)
+    r = algo.sample(prompts, 7)
+    assert all(torch.equal(a, b) for a, b in zip(before, weights(algo)))
+    assert r.chunk.tolist() == [0, 0, 1, 1, 0, 0, 1, 1]
+    # Chunk n is exactly what generating those rows at weight sample n gives, and its behaviour
+    # log-probs are that sample's (not the other's).
+    for n in range(N):
+        rows = r.chunk.eq(n).nonzero().flatten().tolist()
+        with algo.optimizer.sampled_params(train=False, seed=algo.seeds[n]):
+            alone = generate(algo.model, algo.tokenizer, [prompts[i] for i in rows], algo.task.max_new_tokens,
+                             seed=7 * N + n)
+            here = logps(algo.model, alone)
+        with algo.optimizer.sampled_params(train=False, seed=algo.seeds[1 - n]):
+            there = logps(algo.model, alone)
+        assert [r.texts[i] for i in rows] == alone.texts
+        width = alone.completion_ids.shape[1]
+        mask = alone.completion_mask.bool()
+        torch.testing.assert_close(r.behaviour_logps[rows][:, :width][mask], here[mask])
+        assert not torch.allclose(there[mask], here[mask])
+        assert torch.all(r.completion_mask[rows][:, width:] == 0)
+
+    # One step: the advantages reaching GRPO's update are pooled over each group's G rollouts (both
+    # chunks), times the importance weights of the fresh sample against each rollout's own sample.
+    seen = {}
+
+    def stub_update(self, rollouts, advantages, step=True):
+        seen.update(rollouts=rollouts, advantages=advantages.clone(), fresh=logps(self.model, rollouts))
+        return {}
+
+    monkeypatch.setattr(GRPO, "update", stub_update)
+    stats = algo.step(problems, 3)
+    ro = seen["rollouts"]
+    rewards = torch.tensor([algo.task.score(t, None).reward for t in ro.texts]).view(2, G)
+    w, _ = sequence_weights(seen["fresh"], ro.behaviour_logps, ro.completion_mask.float())
+    torch.testing.assert_close(seen["advantages"], group_advantages(rewards).flatten() * w)
+    per_chunk = group_advantages(rewards.view(2 * N, G // N)).flatten()
+    assert not torch.allclose(group_advantages(rewards).flatten(), per_chunk)
+    assert 0 < stats["ratio_kept"] <= 1 and stats["log_ratio_abs"] > 0
+
+
+def _worker(rank, model_dir, tmp):
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{tmp}/rendezvous", rank=rank, world_size=2)
+    algo = make(model_dir, "c3po", prompts=4)
+    seeds = []
+    for s in range(2):
+        algo.step(algo.task.train_problems(4, seed=s), s)
+        seeds.append(algo.seeds)
+    torch.save({"weights": weights(algo), "seeds": seeds}, f"{tmp}/rank{rank}.pt")
+    dist.destroy_process_group()
+
+
+def test_two_processes_keep_identical_weights(tiny_model_dir, tmp_path):
+    mp.start_processes(_worker, args=(tiny_model_dir, str(tmp_path)), nprocs=2, start_method="fork")
+    a, b = (torch.load(tmp_path / f"rank{k}.pt") for k in range(2))
+    assert a["seeds"] == b["seeds"]  # the same weight samples on both processes
+    assert all(torch.equal(x, y) for x, y in zip(a["weights"], b["weights"]))
+    initial = [p.detach() for p in load_model(tiny_model_dir, device="cpu").parameters()]
+    assert any(not torch.equal(x, y) for x, y in zip(a["weights"], initial))
+
+
+def test_train_end_to_end(tiny_model_dir, tmp_path):
+    common = ["--steps", 2, "--prompts", 2, "--group-size", 4, "--micro-batch", 8, "--model", tiny_model_dir,
+              "--eval-problems", 8, "--final-samples", 1, "--eval-every", 0, "--out", tmp_path]
+    extra = {"b3po": [], "m3po": ["--samples", 2, "--load-in-8bit", "--lora-rank", 4], "c3po": ["--chunks", 2]}
+    procs = {name: start_script("train.py", "--algo", name, *common, *args) for name, args in extra.items()}
+    for name, proc in procs.items():
+        result = finish(proc)
+        assert result.returncode == 0, result.stderr[-3000:]
+        rows = [json.loads(line) for line in open(tmp_path / f"{name}-arithmetic-seed0" / "log.jsonl")]
+        assert [row["step"] for row in rows] == [1, 2]
+        assert {"sigma_mean", "hess_mean", "malformed", "zero_std_groups"} <= rows[-1].keys()
+        assert (tmp_path / f"{name}-arithmetic-seed0" / "summary.json").exists()

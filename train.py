@@ -1,0 +1,165 @@
+"""Train a language model with verifiable rewards: ES (default), GRPO, or 3PO.
+
+    python train.py                              # ES on the shipped tiny model, default task
+    python train.py --algo grpo --steps 100      # GRPO
+    python train.py --algo grpo --help           # the flags of one algorithm
+    torchrun --nproc_per_node 2 train.py ...     # several processes (gloo on CPU, nccl on CUDA)
+
+Every algorithm gets the same prompts, rewards, logging, checkpoints and evaluation; the
+algorithm itself lives in minies/<algo>.py and only implements `step`.
+"""
+import argparse
+import json
+import os
+import sys
+import time
+from dataclasses import asdict, dataclass
+
+import torch
+from tqdm import tqdm
+
+from minies import ArgumentParser, UserError, checkpoint, distributed
+from minies.config import add_arguments, from_args, option
+from minies.evaluate import evaluate
+from minies.models import SHIPPED_MODEL, load_model, load_tokenizer
+from minies.tasks import DEFAULT_TASK, TASKS, get_task
+
+
+def algorithms():
+    """name -> (config dataclass, algorithm class). Imported lazily so each algorithm stays optional."""
+    from minies.es import ES, ESConfig
+    from minies.grpo import GRPO, GRPOConfig
+    from minies.threepo import B3PO, C3PO, M3PO, C3POConfig, M3POConfig, ThreePOConfig
+    table = {"es": (ESConfig, ES)}
+    table["grpo"] = (GRPOConfig, GRPO)
+    table["b3po"] = (ThreePOConfig, B3PO)
+    table["m3po"] = (M3POConfig, M3PO)
+    table["c3po"] = (C3POConfig, C3PO)
+    return table
+
+
+@dataclass
+class TrainConfig:
+    algo: str = option("es", "training algorithm", choices=["es", "grpo", "b3po", "m3po", "c3po"])
+    model: str = option(SHIPPED_MODEL, "hub id or local directory of a causal LM")
+    dtype: str = option("float32", "weights dtype: float32, bfloat16 or float16")
+    load_in_8bit: bool = option(False, "load the linear layers in 8-bit (bitsandbytes LLM.int8)")
+    chat_template: bool = option(True, "wrap questions in the tokenizer's chat template when it has one")
+    task: str = option(DEFAULT_TASK, "task", choices=sorted(TASKS))
+    data: str = option(None, "local data file for dataset tasks (gsm8k: a JSONL file)")
+    steps: int = option(100, "training steps")
+    seed: int = option(0, "seed for prompts, sampling and noise")
+    out: str = option("out", "directory for run directories")
+    run_name: str = option(None, "run name (default: <algo>-<task>-seed<seed>)")
+    resume: bool = option(False, "continue the run in out/<run-name> from its latest checkpoint")
+    save_every: int = option(25, "checkpoint every k steps (and at the end)")
+    eval_every: int = option(25, "held-out pass@1 and greedy accuracy every k steps (0: only before and after)")
+    eval_problems: int = option(500, "held-out problems for the evaluations")
+    eval_samples: int = option(4, "samples per problem for held-out pass@1 during training")
+    final_samples: int = option(16, "samples per problem for the before/after evaluation (pass@1, pass@16)")
+
+
+def parse_args(argv):
+    # Two passes: --algo decides which algorithm's flags exist (so --help shows only those).
+    pre = argparse.ArgumentParser(add_help=False)
+    pre.add_argument("--algo", default="es")
+    algo = pre.parse_known_args(argv)[0].algo
+    table = algorithms()
+    if algo not in table:
+        raise UserError(f"--algo {algo}: unknown or not available; choose one of {', '.join(table)}")
+    parser = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_arguments(parser, TrainConfig, "training")
+    add_arguments(parser, table[algo][0], f"{algo} (see minies/{table[algo][1].__module__.split('.')[-1]}.py)")
+    args = parser.parse_args(argv)
+    return from_args(TrainConfig, args), from_args(table[algo][0], args), table[algo][1]
+
+
+def heldout(model, tok, task, cfg, n, progress=False):
+    model.eval()
+    return evaluate(model, tok, task, task.test_problems()[:cfg.eval_problems], n=n, ks=[k for k in (1, 16) if k <= n],
+                    seed=cfg.seed, chat_template=cfg.chat_template, progress=progress)
+
+
+def main(argv=None):
+    cfg, algo_cfg, Algorithm = parse_args(argv)
+    if cfg.eval_every and cfg.eval_samples < 1:
+        raise UserError("--eval-samples must be >= 1 when --eval-every is set (or pass --eval-every 0)")
+    distributed.init()
+    main_rank = distributed.is_main()
+    run_dir = os.path.join(cfg.out, cfg.run_name or f"{cfg.algo}-{cfg.task}-seed{cfg.seed}")
+    resume_from = checkpoint.latest(run_dir) if cfg.resume else None
+    if cfg.resume and resume_from is None:
+        raise UserError(f"--resume: no checkpoint in {run_dir}; run without --resume to start it")
+    if not cfg.resume and os.path.exists(os.path.join(run_dir, "log.jsonl")):
+        raise UserError(f"{run_dir} already holds a run; pass --resume to continue it or --run-name NAME for a new one")
+
+    torch.manual_seed(cfg.seed)
+    task = get_task(cfg.task, seed=cfg.seed, data=cfg.data)
+    tok = load_tokenizer(cfg.model)
+    # Algorithms that save something other than what they train (merged LoRA adapters) restart from
+    # the base model and restore the rest from their state; the others reload the checkpoint itself.
+    from_base = resume_from is None or getattr(Algorithm, "resume_from_base", False)
+    model = load_model(cfg.model if from_base else resume_from, cfg.dtype, cfg.load_in_8bit)
+    algo = Algorithm(model, tok, task, algo_cfg, chat_template=cfg.chat_template)
+
+    start_step, tokens, before = 0, 0, None
+    if resume_from:
+        state = checkpoint.load_state(resume_from)
+        algo.load_state_dict(state["algorithm"])
+        start_step, tokens, before = state["step"], state["tokens"], state["before"]
+    else:
+        before = heldout(model, tok, task, cfg, cfg.final_samples, main_rank)
+        if main_rank:
+            os.makedirs(run_dir, exist_ok=True)
+            with open(os.path.join(run_dir, "config.json"), "w") as f:
+                json.dump({"train": asdict(cfg), cfg.algo: asdict(algo_cfg)}, f, indent=1)
+            print("before: " + _fmt(before))
+
+    if main_rank and resume_from:
+        checkpoint.truncate_log(os.path.join(run_dir, "log.jsonl"), start_step)  # drop steps after the checkpoint
+    log = open(os.path.join(run_dir, "log.jsonl"), "a") if main_rank else None
+    wall = time.time()
+    bar = tqdm(range(start_step, cfg.steps), initial=start_step, total=cfg.steps, disable=not main_rank,
+               desc=cfg.algo, dynamic_ncols=True)
+    for step in bar:
+        # Each step's prompts and seeds depend only on (seed, step): the same on every rank and after --resume.
+        step_seed = cfg.seed * 1_000_003 + step
+        problems = task.train_problems(algo.prompts_per_step, seed=step_seed)
+        stats = algo.step(problems, step_seed)
+        tokens += stats.pop("tokens", 0)
+        row = {"step": step + 1, **stats, "tokens": tokens, "seconds": round(time.time() - wall, 2)}
+        if cfg.eval_every and (step + 1) % cfg.eval_every == 0 and step + 1 < cfg.steps:
+            metrics = heldout(model, tok, task, cfg, cfg.eval_samples)
+            row["heldout_pass@1"], row["heldout_greedy"] = metrics["pass@1"], metrics["greedy_accuracy"]
+        if main_rank:
+            log.write(json.dumps(row) + "\n")
+            log.flush()
+            bar.set_postfix(reward=f"{stats.get('reward_mean', 0):.3f}")
+        if (step + 1) % cfg.save_every == 0 or step + 1 == cfg.steps:
+            if main_rank:
+                checkpoint.save(run_dir, step + 1, algo.model_to_save(), tok,
+                                {"algorithm": algo.state_dict(), "tokens": tokens, "before": before})
+            distributed.barrier()
+    bar.close()
+
+    after = heldout(model, tok, task, cfg, before["n"], main_rank)
+    if main_rank:
+        log.close()
+        with open(os.path.join(run_dir, "summary.json"), "w") as f:
+            json.dump({"before": before, "after": after, "tokens": tokens}, f, indent=1)
+        print("before: " + _fmt(before))
+        print("after:  " + _fmt(after))
+        print(f"run directory: {run_dir}")
+    distributed.close()
+
+
+def _fmt(metrics):
+    return "  ".join(f"{k} {v:.3f}" for k, v in metrics.items() if isinstance(v, float))
+
+
+if __name__ == "__main__":
+    try:
+        main()
+    except UserError as e:
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(2)
