@@ -5,9 +5,8 @@
 """
 import argparse
 import json
-import sys
 
-from minies import ArgumentParser, UserError
+from minies import ArgumentParser, UserError, run_script
 from minies.evaluate import evaluate
 from minies.models import SHIPPED_MODEL, load_model, load_tokenizer
 from minies.tasks import DEFAULT_TASK, TASKS, get_task
@@ -52,8 +51,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    try:
-        main()
-    except UserError as e:
-        print(f"error: {e}", file=sys.stderr)
-        sys.exit(2)
+    run_script(main)

@@ -1,7 +1,7 @@
 """Train a language model with verifiable rewards: ES (default), GRPO, or 3PO.
 
     python train.py                              # ES on the shipped tiny model, default task
-    python train.py --algo grpo --steps 100      # GRPO
+    python train.py --algo grpo                  # GRPO
     python train.py --algo grpo --help           # the flags of one algorithm
     torchrun --nproc_per_node 2 train.py ...     # several processes (gloo on CPU, nccl on CUDA)
 
@@ -11,14 +11,13 @@ algorithm itself lives in minies/<algo>.py and only implements `step`.
 import argparse
 import json
 import os
-import sys
 import time
 from dataclasses import asdict, dataclass
 
 import torch
 from tqdm import tqdm
 
-from minies import ArgumentParser, UserError, checkpoint, distributed
+from minies import ArgumentParser, UserError, checkpoint, distributed, run_script
 from minies.config import add_arguments, from_args, option
 from minies.evaluate import evaluate
 from minies.models import SHIPPED_MODEL, load_model, load_tokenizer
@@ -47,7 +46,7 @@ class TrainConfig:
     chat_template: bool = option(True, "wrap questions in the tokenizer's chat template when it has one")
     task: str = option(DEFAULT_TASK, "task", choices=sorted(TASKS))
     data: str = option(None, "local data file for dataset tasks (gsm8k: a JSONL file)")
-    steps: int = option(100, "training steps")
+    steps: int = option(None, "training steps (default: the algorithm's own, sized for the shipped model)")
     seed: int = option(0, "seed for prompts, sampling and noise")
     out: str = option("out", "directory for run directories")
     run_name: str = option(None, "run name (default: <algo>-<task>-seed<seed>)")
@@ -82,6 +81,8 @@ def heldout(model, tok, task, cfg, n, progress=False):
 
 def main(argv=None):
     cfg, algo_cfg, Algorithm = parse_args(argv)
+    if cfg.steps is None:
+        cfg.steps = Algorithm.default_steps
     if cfg.eval_every and cfg.eval_samples < 1:
         raise UserError("--eval-samples must be >= 1 when --eval-every is set (or pass --eval-every 0)")
     distributed.init()
@@ -158,8 +159,4 @@ def _fmt(metrics):
 
 
 if __name__ == "__main__":
-    try:
-        main()
-    except UserError as e:
-        print(f"error: {e}", file=sys.stderr)
-        sys.exit(2)
+    run_script(main)

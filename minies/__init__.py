@@ -1,5 +1,6 @@
 """minies: Evolution Strategies, GRPO and 3PO for RL with verifiable rewards, small enough to read."""
 import argparse
+import sys
 
 
 class UserError(Exception):
@@ -14,3 +15,12 @@ class ArgumentParser(argparse.ArgumentParser):
 
     def error(self, message):
         self.exit(2, f"error: {message}; see --help\n")
+
+
+def run_script(main):
+    """Run a script's main(); a UserError becomes one "error: ..." line on stderr and exit status 2."""
+    try:
+        main()
+    except UserError as e:
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(2)

@@ -40,6 +40,7 @@ import torch
 from minies import UserError, distributed
 from minies.config import option
 from minies.evaluate import score_rollouts
+from minies.models import int8_row_scales
 from minies.rollout import format_prompts, generate
 
 
@@ -97,21 +98,14 @@ class PerturbedTensor:
         self.int8 = param.dtype == torch.int8
         self.master = self.dequantized().detach().float().cpu().clone()
 
-    def row_scale(self):
-        # bitsandbytes keeps the row scales on the weight until the first forward, then on the layer state.
-        scb = getattr(self.param, "SCB", None)
-        if scb is None:
-            scb = self.module.state.SCB
-        return scb.float()[:, None]
-
     def dequantized(self):
-        return self.param.float() * self.row_scale() / 127 if self.int8 else self.param
+        return self.param.float() * int8_row_scales(self.module) / 127 if self.int8 else self.param
 
     @torch.no_grad()
     def write(self, values):
         """Make the model's tensor the cast of the fp32 `values` (which are on the param's device)."""
         if self.int8:
-            values = torch.round(values * 127 / self.row_scale()).clamp_(-127, 127)
+            values = torch.round(values * 127 / int8_row_scales(self.module)).clamp_(-127, 127)
         self.param.copy_(values.to(self.param.dtype))
 
     def clean(self):
@@ -123,6 +117,7 @@ class PerturbedTensor:
 
 
 class ES:
+    default_steps = 60  # about 10 minutes on 2 CPU cores with the shipped model
     def __init__(self, model, tokenizer, task, config, chat_template=True):
         self.model, self.tokenizer, self.task, self.cfg = model, tokenizer, task, config
         self.chat_template = chat_template

@@ -130,13 +130,14 @@ class GRPO:
     # Checkpoints hold merged weights, so --resume starts again from the base model and state_dict
     # restores the trained weights. This also keeps the base as the reference policy.
     resume_from_base = True
+    default_steps = 200  # about 5 minutes on 2 CPU cores with the shipped model
 
     def __init__(self, model, tokenizer, task, config, chat_template=True):
         world = distributed.world_size()
         if config.group_size < 2:
             raise UserError("--group-size must be at least 2: advantages compare completions within a group")
         if config.prompts < world:
-            raise UserError(f"--prompts {config.prompts}: need at least one prompt per process ({world})")
+            raise UserError(f"--prompts {config.prompts}: need one prompt per process ({world})")
         if any(p.dtype == torch.int8 for p in model.parameters()) and config.lora_rank == 0:
             raise UserError("a model loaded in 8-bit cannot be trained directly: pass --lora-rank (e.g. 16)")
         self.model, self.tokenizer, self.task, self.config = model, tokenizer, task, config
@@ -157,36 +158,43 @@ class GRPO:
             self.optimizer = bnb.optim.AdamW8bit(self.params, lr=config.lr, weight_decay=0.0)
         else:
             self.optimizer = torch.optim.AdamW(self.params, lr=config.lr, weight_decay=0.0)
-        # The rotary tables are the only buffers and never change: no need to broadcast them each forward.
+        # A decoder's buffers (rotary tables) are constants: no need to broadcast them before each forward.
         self.policy = DistributedDataParallel(model, forward_sync_buffers=False) if world > 1 else model
 
     def step(self, problems, seed):
+        """Sample, score and update on `problems` (the same list on every rank); returns the log."""
         cfg, G = self.config, self.config.group_size
         mine = distributed.shard(list(range(len(problems))))  # this rank's prompts
         local = [problems[i] for i in mine for _ in range(G)]  # each group's completions side by side
         prompts = format_prompts(self.tokenizer, [p.question for p in local], self.chat_template)
-        self.model.eval()
-        rollouts = generate(self.model, self.tokenizer, prompts, self.task.max_new_tokens, cfg.temperature,
-                            seed=seed * distributed.world_size() + distributed.rank())
+        rollouts = self.sample(prompts, seed * distributed.world_size() + distributed.rank())
         scores = [self.task.score(text, p) for p, text in zip(local, rollouts.texts)]
-        per_completion = torch.tensor([[s.reward, s.correct] for s in scores], dtype=torch.float64)
+        per_completion = torch.tensor([[s.reward, s.correct, s.malformed] for s in scores], dtype=torch.float64)
         per_completion = torch.cat([per_completion, rollouts.lengths[:, None].double(),
                                     rollouts.truncated(self.tokenizer.eos_token_id)[:, None].double()], 1)
         # Every rank gets the whole batch's rewards: for batch-std scaling and for the log.
         table = torch.zeros(len(problems), G, per_completion.shape[1], dtype=torch.float64)
         table[mine] = per_completion.view(len(mine), G, -1)
-        rewards, correct, lengths, truncated = distributed.all_reduce_sum(table).unbind(-1)
+        rewards, correct, malformed, lengths, truncated = distributed.all_reduce_sum(table).unbind(-1)
         advantages = group_advantages(rewards, cfg.scale_rewards)[mine].flatten().float()
 
         stats = self.update(rollouts, advantages)
         return {"reward_mean": rewards.mean().item(), "reward_std": rewards.std().item(),
-                "accuracy": correct.mean().item(),
+                "accuracy": correct.mean().item(), "malformed": malformed.mean().item(),
                 "zero_std_groups": rewards.eq(rewards[:, :1]).all(1).double().mean().item(),
                 **stats, "length_mean": lengths.mean().item(), "length_max": lengths.max().item(),
                 "truncated": truncated.mean().item(), "tokens": int(lengths.sum().item())}
 
-    def update(self, rollouts, advantages):
-        """μ optimizer steps on this rank's rollouts with their advantages [rows]; returns the log."""
+    def sample(self, prompts, seed):
+        """One completion per prompt string from the current policy (the sampling policy π_old)."""
+        self.model.eval()
+        return generate(self.model, self.tokenizer, prompts, self.task.max_new_tokens, self.config.temperature,
+                        seed=seed)
+
+    def update(self, rollouts, advantages, step=True):
+        """μ optimizer steps on this rank's rollouts with their advantages [rows]; returns the log.
+        With step=False (and μ = 1) only the batch's clipped gradient is left in p.grad, for an
+        optimizer that steps elsewhere (3PO's IVON)."""
         cfg = self.config
         mask = rollouts.completion_mask
         counts = distributed.all_reduce_sum(torch.tensor([len(mask), mask.sum().item()], dtype=torch.float64))
@@ -232,7 +240,8 @@ class GRPO:
                 for key in stats:
                     totals[key] += stats[key] * tokens
             totals["grad_norm"] += torch.nn.utils.clip_grad_norm_(self.params, cfg.max_grad_norm).item()
-            self.optimizer.step()
+            if step:
+                self.optimizer.step()
         self.model.eval()
 
         local = torch.tensor([totals[k] for k in ("loss", "clip_low", "clip_high", "kl", "entropy")],

@@ -16,6 +16,7 @@ import torch
 from torch import nn
 
 from minies import UserError
+from minies.models import int8_row_scales
 
 
 def is_int8(linear):
@@ -26,9 +27,7 @@ def dequantized_weight(linear):
     """The float weight of a linear layer; an int8 row is scaled back by its absmax/127."""
     if not is_int8(linear):
         return linear.weight.detach()
-    # bitsandbytes keeps the row scales on the weight until the first forward, then on the layer state.
-    scales = linear.weight.SCB if linear.weight.SCB is not None else linear.state.SCB
-    return linear.weight.detach().float() * scales.float()[:, None] / 127
+    return linear.weight.detach().float() * int8_row_scales(linear) / 127
 
 
 class LoRALinear(nn.Module):

@@ -1,7 +1,7 @@
 """Loading causal language models and their tokenizers: a hub id or a local directory,
 float32 / bfloat16 / float16, or LLM.int8 through bitsandbytes (on CUDA and on CPU)."""
+import logging
 import os
-import warnings
 
 import huggingface_hub
 import torch
@@ -16,8 +16,9 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 transformers.utils.logging.disable_progress_bar()
 transformers.utils.logging.set_verbosity_error()
 huggingface_hub.utils.logging.set_verbosity_error()  # no network: our one-line error says it all
-# bitsandbytes warns once per call site that it casts fp32 inputs to fp16; it is expected.
-warnings.filterwarnings("ignore", message=".*MatMul8bitLt: inputs will be cast.*")
+# bitsandbytes logs on every 8-bit matmul that it casts fp32 inputs to fp16 (expected), and at import
+# that an optional CPU kernel is missing; neither is actionable.
+logging.getLogger("bitsandbytes").setLevel(logging.ERROR)
 
 
 def default_device():
@@ -74,3 +75,10 @@ def load_model(name=SHIPPED_MODEL, dtype="float32", load_in_8bit=False, device=N
 
 def model_device(model):
     return next(model.parameters()).device
+
+
+def int8_row_scales(linear):
+    """The fp32 row scales of a bitsandbytes Linear8bitLt (W ≈ W_int8 · scale / 127), as a column.
+    bitsandbytes keeps them on the weight until the first forward, then on the layer's state."""
+    scales = linear.weight.SCB if linear.weight.SCB is not None else linear.state.SCB
+    return scales.float()[:, None]

@@ -115,6 +115,7 @@ def completion_logprobs(model, prompt_ids, prompt_mask, completion_ids, completi
         logp_all = torch.log_softmax(logits, -1)
         logps.append(logp_all.gather(-1, completion_ids[s:s + chunk, :, None]).squeeze(-1))
         if with_entropy:
-            entropies.append(-(logp_all.exp() * logp_all).sum(-1))
+            p = logp_all.detach()  # entropy is only logged: keep no [rows, tokens, vocab] graph for it
+            entropies.append(-(p.exp() * p).sum(-1))
     logps = torch.cat(logps)
     return (logps, torch.cat(entropies)) if with_entropy else logps

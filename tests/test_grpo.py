@@ -1,9 +1,7 @@
 """GRPO: the loss by hand, clipping, exact micro-batch and multi-process aggregation, zero-advantage
 groups, the EOS token, KL, learning on a fixed batch, exact resume."""
-import copy
 import io
 import math
-import os
 
 import pytest
 import torch
@@ -13,24 +11,26 @@ import torch.multiprocessing as mp
 from minies.grpo import GRPO, GRPOConfig, group_advantages, grpo_loss
 from minies.models import load_model, load_tokenizer
 from minies.rollout import Rollouts, completion_logprobs, format_prompts, generate
-from minies.tasks import Arithmetic
+from minies.tasks import Arithmetic, Score
 
 SMALL = {"prompts": 4, "group_size": 4, "micro_batch": 8}
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Tiny matmuls gain nothing from threads, and on a busy machine their spin-waits cost seconds."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+class DenseArithmetic(Arithmetic):
+    """Arithmetic plus a reward per character: groups almost never tie, so every step changes the
+    policy, however weak the test model."""
+
+    def score(self, completion, problem):
+        s = super().score(completion, problem)
+        return Score(s.reward + len(completion) / 10, s.correct, s.malformed)
+
+pytestmark = pytest.mark.usefixtures("one_thread")  # from conftest.py
 
 
 def make_grpo(model_dir, load_in_8bit=False, **overrides):
     torch.manual_seed(0)  # the adapters' initialisation, as train.py seeds it
     model = load_model(model_dir, load_in_8bit=load_in_8bit, device="cpu")
-    return GRPO(model, load_tokenizer(model_dir), Arithmetic(test_size=20), GRPOConfig(**{**SMALL, **overrides}))
+    return GRPO(model, load_tokenizer(model_dir), DenseArithmetic(test_size=20), GRPOConfig(**{**SMALL, **overrides}))
 
 
 def sample(algo, prompts=4, seed=0):
@@ -167,8 +167,8 @@ def test_kl_is_zero_at_the_first_step(tiny_model_dir, eightbit):
     problems = algo.task.train_problems(4, seed=0)
     first, second = algo.step(problems, 0), algo.step(problems, 1)
     assert first["kl"] == 0.0 and second["kl"] > 0
-    expected = {"reward_mean", "reward_std", "accuracy", "zero_std_groups", "entropy", "clip_low", "clip_high",
-                "kl", "length_mean", "length_max", "truncated", "loss", "grad_norm", "tokens"}
+    expected = {"reward_mean", "reward_std", "accuracy", "malformed", "zero_std_groups", "entropy", "clip_low",
+                "clip_high", "kl", "length_mean", "length_max", "truncated", "loss", "grad_norm", "tokens"}
     assert expected <= first.keys() and all(math.isfinite(v) for v in first.values())
     assert first["tokens"] == pytest.approx(first["length_mean"] * 16)
 
@@ -190,6 +190,17 @@ def test_loss_decreases_on_a_fixed_batch(tiny_model_dir, eightbit):
         losses.append(surrogate())
     assert losses[0] == pytest.approx(-adv.mean().item(), abs=1e-5)  # ratio 1: the loss is -mean(A)
     assert all(b < a for a, b in zip(losses, losses[1:])), losses
+
+
+def test_gradient_checkpointing_gives_the_same_gradient(tiny_model_dir):
+    plain, checkpointed = make_grpo(tiny_model_dir), make_grpo(tiny_model_dir, gradient_checkpointing=True)
+    assert checkpointed.model.is_activation_checkpointing
+    r = sample(plain)
+    adv = torch.randn(len(r.texts), generator=torch.Generator().manual_seed(0))
+    plain.update(r, adv)
+    checkpointed.update(r, adv)
+    for a, b in zip(plain.params, checkpointed.params):
+        torch.testing.assert_close(a.grad, b.grad, rtol=1e-5, atol=1e-8)
 
 
 @pytest.mark.parametrize("eightbit,optim", [(False, "adamw"), (True, "adamw8bit")])

@@ -6,15 +6,18 @@ import torch
 from minies import UserError, lora
 from minies.grpo import GRPO, GRPOConfig
 from minies.models import load_model, load_tokenizer
-from minies.tasks import Arithmetic
+from minies.tasks import Arithmetic, Score
+
+pytestmark = pytest.mark.usefixtures("one_thread")  # from conftest.py
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+class DenseArithmetic(Arithmetic):
+    """Arithmetic plus a reward per character: groups almost never tie, so every step changes the
+    policy, however weak the test model."""
+
+    def score(self, completion, problem):
+        s = super().score(completion, problem)
+        return Score(s.reward + len(completion) / 10, s.correct, s.malformed)
 
 
 def trained_grpo(model_dir, load_in_8bit):
@@ -25,7 +28,7 @@ def trained_grpo(model_dir, load_in_8bit):
     with torch.no_grad():
         base = model(ids).logits
     cfg = GRPOConfig(prompts=4, group_size=4, lora_rank=4, lr=1e-2)
-    algo = GRPO(model, load_tokenizer(model_dir), Arithmetic(test_size=20), cfg)
+    algo = GRPO(model, load_tokenizer(model_dir), DenseArithmetic(test_size=20), cfg)
     for s in range(2):
         algo.step(algo.task.train_problems(4, seed=s), s)
     return algo, ids, base
@@ -62,17 +65,21 @@ def test_adapters_off_reproduce_the_base_exactly(tiny_model_dir):
         assert torch.equal(algo.model(ids).logits, adapted)  # and back on after the block
 
 
-@pytest.mark.parametrize("load_in_8bit,atol", [(True, 0.05), (False, 1e-5)])
-def test_merged_checkpoint_reloads_and_matches(tiny_model_dir, tmp_path, load_in_8bit, atol):
+@pytest.mark.parametrize("load_in_8bit", [True, False])
+def test_merged_checkpoint_reloads_and_matches(tiny_model_dir, tmp_path, load_in_8bit):
     algo, ids, base = trained_grpo(tiny_model_dir, load_in_8bit)
     algo.model_to_save().save_pretrained(tmp_path)
     reloaded = load_model(str(tmp_path), device="cpu")
     assert type(reloaded.model.layers[0].self_attn.q_proj) is torch.nn.Linear
     assert getattr(reloaded.config, "quantization_config", None) is None
     with torch.no_grad():
-        adapted, merged = algo.model(ids).logits, reloaded(ids).logits
-    # int8 matmuls quantize activations too, so 8-bit logits are only close to a float model's.
-    assert (merged - adapted).abs().max() < atol < (adapted - base).abs().max()
+        merged, adapted = reloaded(ids).logits, algo.model(ids).logits
+        # On the CPU, bitsandbytes in train mode multiplies by the dequantized weight in float, which
+        # is what merging computes; in eval mode it also quantizes the activations, so only close.
+        exact = algo.model.train()(ids).logits
+    assert (adapted - base).abs().max() > 0.1
+    torch.testing.assert_close(merged, exact, rtol=1e-4, atol=1e-4)
+    assert (merged - adapted).abs().max() < 0.02 * adapted.abs().max()
     # The adapters alone travel in the training state.
     assert {k.rsplit(".", 1)[1] for k in algo.state_dict()["weights"]} == {"lora_A", "lora_B"}
 
