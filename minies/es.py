@@ -47,8 +47,8 @@ from minies.rollout import format_prompts, generate
 @dataclass
 class ESConfig:
     population: int = option(32, "members per step (N); even when antithetic")
-    sigma: float = option(2e-3, "noise scale σ of the perturbations")
-    alpha: float = option(1e-3, "step size α (1/σ folded in)")
+    sigma: float = option(8e-3, "noise scale σ of the perturbations")
+    alpha: float = option(6e-3, "step size α (1/σ folded in)")
     prompts_per_step: int = option(256, "prompts every member is scored on (the same for all members)")
     antithetic: bool = option(True, "mirrored pairs +ε / −ε")
     normalize: str = option("rank", "reward normalisation across members", choices=["rank", "zscore"])
