@@ -3,9 +3,9 @@
 GRPO explores only through token sampling, and temperature only rescales the logits. 3PO also explores
 in weight space: IVON (minies/ivon.py) keeps a posterior N(θ, diag(σ²)) over the trained weights,
 σ = 1/sqrt(λ·(h+δ)), and rollouts are generated at weight samples θ̂ = θ + σ⊙u drawn from it. The loss
-is GRPO's (minies/grpo.py, one update per batch, so its token ratio is 1 and its gradient is the policy
-gradient). Its gradient ĝ is taken at a weight sample θ̂ = θ + d, and IVON turns ĝ into the step on θ
-and, through f = ĝ⊙d/σ², into its Hessian estimate h, which in turn sets how far later samples explore.
+is GRPO's (minies/grpo.py) with one update per batch, so its token ratio is 1 and its gradient is the
+policy gradient. That gradient ĝ is taken at a weight sample θ̂ = θ + d; IVON turns it into the step on θ
+and, through f = ĝ⊙d/σ², into its Hessian estimate h, which sets how far later samples explore.
 
     B3PO  θ̂ ~ q;  G rollouts per prompt at θ̂;  A within each group;  ĝ = ∇L_GRPO(θ̂);  IVON step
     M3PO  for m = 1..M:  θ̂_m ~ q;  G rollouts per prompt at θ̂_m;  A within that sample's groups;
@@ -45,6 +45,17 @@ IVON's Hessian sample pairs it with that θ̂'s d. IVON's step is then the same 
 means stay identical without being communicated.
 
 With --load-in-8bit, GRPO's LoRA adapters are the trained parameters: IVON's posterior is over them.
+
+Defaults: the paper's IVON values (λ 1e9, h0 1e-3, β1 0.9, β2 0.9999, δ 1e-6), which give σ ≈ 1e-3
+(the weights here are ~0.03), but not its lr and clip_radius. With rescale_lr and h ≈ h0 the step is
+lr·m̂, SGD with momentum, clipped per weight at lr·(h0+δ)·clip_radius. The paper clips at 1e-3, i.e. for
+almost every weight, which makes the step a sign-descent one of 1·1e-3·1e-3 = 1e-6 per weight, its
+GRPO's AdamW lr. minies keeps that bound at GRPO's lr here (1·1e-3·0.1 = 1e-4), but with lr = 1 only
+the 10-30% of weights with the largest momenta reach it; weights with a weak, noisy gradient move
+less, as under Adam. On the tiny model the sign-descent setting (lr 100, clip 1e-3) learned half as
+fast and let pass@16 collapse (83% -> 55-72%); σ = 3e-3 cost rollout accuracy and learned more slowly.
+With β2 = 0.9999, h (and so σ) moves little in a run of a few hundred steps, and at σ = 1e-3 C3PO's
+importance weights stay close to 1 (|log w| ≈ 0.05; about 0.05% of rollouts dropped).
 """
 from dataclasses import dataclass
 
@@ -61,17 +72,18 @@ from minies.rollout import Rollouts, completion_logprobs
 @dataclass
 class ThreePOConfig(GRPOConfig):
     # Redefined GRPO fields (same flags, 3PO's meaning and defaults).
-    lr: float = option(0.3, "IVON learning rate; with --rescale-lr the first steps are SGD with this rate")
+    lr: float = option(1.0, "IVON learning rate; each weight moves by at most lr·(h0+δ)·clip_radius per step")
     optim: str = option("ivon", "optimizer: 3PO trains with IVON", choices=["ivon"])
     updates_per_batch: int = option(1, "optimizer steps per batch: 3PO takes one IVON step", choices=[1])
-    # IVON (PAPERS.md section 4). At h ≈ hess_init the posterior std is 1/sqrt(ess·hess_init).
-    ess: float = option(1e8, "IVON effective sample size λ: larger means a narrower posterior")
-    hess_init: float = option(1e-3, "IVON initial Hessian h0 (σ ≈ 1/sqrt(ess·h0), about 3e-3 by default)")
+    # IVON (PAPERS.md section 4). The paper's values, except lr and clip_radius: see the module docstring.
+    ess: float = option(1e9, "IVON effective sample size λ: larger means a narrower posterior")
+    hess_init: float = option(1e-3, "IVON initial Hessian h0; the posterior std starts at 1/sqrt(ess·h0) = 1e-3")
     beta1: float = option(0.9, "IVON momentum of the gradient")
     beta2: float = option(0.9999, "IVON momentum of the Hessian estimate")
     weight_decay: float = option(1e-6, "IVON weight decay δ (also the prior precision in σ)")
-    clip_radius: float = option(1.0, "IVON clips each coordinate of (m + δθ)/(h + δ) to ±clip_radius")
-    rescale_lr: bool = option(True, "IVON multiplies lr by h0 + δ, so that lr is in SGD units")
+    clip_radius: float = option(0.1, "IVON clips each coordinate of (m + δθ)/(h + δ) to ±clip_radius")
+    rescale_lr: bool = option(True, "IVON multiplies lr by h0 + δ, so that the first steps are SGD with rate lr "
+                              "where nothing is clipped")
 
 
 @dataclass
@@ -153,6 +165,7 @@ class B3PO(ThreePO):
     """One weight sample per step: rollouts and gradient both at θ̂. (M3PO is this with M samples.)"""
 
     samples = 1
+    default_steps = 200  # about as long as GRPO's: one generation and one backward per step
 
     def step(self, problems, seed):
         parts = []
@@ -169,6 +182,8 @@ class B3PO(ThreePO):
 
 
 class M3PO(B3PO):
+    default_steps = 200  # M = 2: twice B3PO's time per step
+
     def __init__(self, model, tokenizer, task, config, chat_template=True):
         if config.samples < 1:
             raise UserError(f"--samples {config.samples}: need at least one weight sample")
@@ -178,6 +193,8 @@ class M3PO(B3PO):
 
 class C3PO(ThreePO):
     """Each group generated in N chunks at N weight samples; the gradient at a fresh one, reweighted."""
+
+    default_steps = 300  # a step costs a little more than GRPO's: N + 1 extra no-grad forward passes
 
     def __init__(self, model, tokenizer, task, config, chat_template=True):
         if config.chunks < 1 or config.group_size % config.chunks:

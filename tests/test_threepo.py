@@ -26,8 +26,8 @@ VARIANTS = {"b3po": (B3PO, ThreePOConfig, {}), "m3po": (M3PO, M3POConfig, {"samp
 
 def make(model_dir, name, task=None, **overrides):
     cls, config, extra = VARIANTS[name]
-    model = load_model(model_dir, device="cpu")
-    return cls(model, load_tokenizer(model_dir), task or Arithmetic(test_size=20), config(**{**SMALL, **extra, **overrides}))
+    config = config(**{**SMALL, **extra, **overrides})
+    return cls(load_model(model_dir, device="cpu"), load_tokenizer(model_dir), task or Arithmetic(test_size=20), config)
 
 
 def weights(algo):
@@ -74,7 +74,8 @@ def test_mean_is_restored_exactly(tiny_model_dir, name, samples, monkeypatch):
     algo.optimizer.step()
     assert any(not torch.equal(a, b) for a, b in zip(before, weights(algo)))
     assert {"sigma_mean", "hess_mean", "malformed", "zero_std_groups", "reward_mean", "tokens"} <= stats.keys()
-    assert stats["sigma_mean"] == pytest.approx((1e8 * (1e-3 + 1e-6)) ** -0.5, rel=1e-4)
+    cfg = algo.config
+    assert stats["sigma_mean"] == pytest.approx((cfg.ess * (cfg.hess_init + cfg.weight_decay)) ** -0.5, rel=1e-5)
 
 
 def test_m3po_step_averages_the_samples_gradients(tiny_model_dir, monkeypatch):
