@@ -130,7 +130,7 @@ class GRPO:
     # Checkpoints hold merged weights, so --resume starts again from the base model and state_dict
     # restores the trained weights. This also keeps the base as the reference policy.
     resume_from_base = True
-    default_steps = 200  # about 5 minutes on 2 CPU cores with the shipped model
+    default_steps = 200  # +13.5 points of pass@1 on the shipped model (README, "Results so far")
 
     def __init__(self, model, tokenizer, task, config, chat_template=True):
         world = distributed.world_size()
