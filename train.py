@@ -52,7 +52,8 @@ class TrainConfig:
     run_name: str = option(None, "run name (default: <algo>-<task>-seed<seed>)")
     resume: bool = option(False, "continue the run in out/<run-name> from its latest checkpoint")
     save_every: int = option(25, "checkpoint every k steps (and at the end)")
-    eval_every: int = option(25, "held-out pass@1 and greedy accuracy every k steps (0: only before and after)")
+    eval_every: int = option(25, "held-out pass@1, greedy accuracy, entropy and malformed rate every k steps "
+                                 "(0: only before and after)")
     eval_problems: int = option(500, "held-out problems for the evaluations")
     eval_samples: int = option(4, "samples per problem for held-out pass@1 during training")
     final_samples: int = option(16, "samples per problem for the before/after evaluation (pass@1, pass@16)")
@@ -132,6 +133,7 @@ def main(argv=None):
         if cfg.eval_every and (step + 1) % cfg.eval_every == 0 and step + 1 < cfg.steps:
             metrics = heldout(model, tok, task, cfg, cfg.eval_samples)
             row["heldout_pass@1"], row["heldout_greedy"] = metrics["pass@1"], metrics["greedy_accuracy"]
+            row["heldout_entropy"], row["heldout_malformed"] = metrics["entropy"], metrics["malformed_rate"]
         if main_rank:
             log.write(json.dumps(row) + "\n")
             log.flush()

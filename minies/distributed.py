@@ -38,6 +38,15 @@ def all_reduce_sum(tensor):
     return tensor
 
 
+def all_gather_objects(obj):
+    """The list of every rank's `obj` (picklable), in rank order; [obj] on one process."""
+    if not dist.is_initialized():
+        return [obj]
+    gathered = [None] * world_size()
+    dist.all_gather_object(gathered, obj)
+    return gathered
+
+
 def barrier():
     if dist.is_initialized():
         dist.barrier()

@@ -26,6 +26,11 @@ the int8 weights the same way, while the fp32 master keeps the sub-step part. No
 int8 step (s/254) rounds away, so σ must be comparable to the weights' int8 spacing. Embeddings and
 norms are float tensors and are perturbed like any float weight.
 
+Two ways to score the population (--mode). `inplace` (above) writes each member's weights into the
+model and scores the members one after another. `lowrank` (EGGROLL, minies/eggroll.py) never modifies
+the weights while scoring: each member's noise is a rank-r matrix added in the forward pass, so several
+members generate together in one batch; the update and the fp32 masters are the same as in place.
+
 Distributed: member n is scored on rank n mod P (a static split, so runs are reproducible); the N
 rewards are summed with one all-reduce; every rank then applies the same update to its own replica, so
 the weights stay identical without ever being communicated.
@@ -39,6 +44,7 @@ import torch
 
 from minies import UserError, distributed
 from minies.config import option
+from minies.analysis import answer_outcome, js_diversity
 from minies.evaluate import score_rollouts
 from minies.models import int8_row_scales
 from minies.rollout import format_prompts, generate
@@ -48,14 +54,19 @@ from minies.rollout import format_prompts, generate
 class ESConfig:
     population: int = option(32, "members per step (N); even when antithetic")
     sigma: float = option(8e-3, "noise scale σ of the perturbations")
-    alpha: float = option(6e-3, "step size α (1/σ folded in)")
+    alpha: float = option(1e-2, "step size α (1/σ folded in)")
     prompts_per_step: int = option(256, "prompts every member is scored on (the same for all members)")
     antithetic: bool = option(True, "mirrored pairs +ε / −ε")
     normalize: str = option("rank", "reward normalisation across members", choices=["rank", "zscore"])
-    params: str = option(".*", "regex: perturb only parameters whose name matches (e.g. 'layers' skips embeddings)")
+    params: str = option(r"embed_tokens|layers\.0\.", "regex: perturb only parameters whose name matches "
+                         "('.*': all; the default, the embeddings and the first block, suits the shipped model)")
     greedy: bool = option(True, "score members with greedy decoding (else sampled at --temperature)")
     temperature: float = option(1.0, "sampling temperature when not greedy")
-    micro_batch: int = option(256, "sequences per generate call")
+    micro_batch: int = option(1024, "sequences per generate call (lowrank: members per call = this // prompts)")
+    mode: str = option("inplace", "inplace: perturb the weights, one member at a time; lowrank: EGGROLL, "
+                       "rank-r noise added in the forward pass, many members per batch (minies/eggroll.py)",
+                       choices=["inplace", "lowrank"])
+    rank: int = option(1, "rank r of each member's perturbation A·Bᵀ/√r in lowrank mode")
 
 
 def member_seeds(step_seed, population, antithetic):
@@ -117,8 +128,9 @@ class PerturbedTensor:
 
 
 class ES:
-    # Tuning runs on the shipped model gained ~5 points of greedy accuracy in 40-50 steps, then levelled off.
-    default_steps = 60
+    # On the shipped model, with the defaults, held-out greedy accuracy (500 problems) went 38.2% -> 47.0%
+    # at step 80, 47.8% at 120 and 49.2% at 140.
+    default_steps = 140
 
     def __init__(self, model, tokenizer, task, config, chat_template=True):
         self.model, self.tokenizer, self.task, self.cfg = model, tokenizer, task, config
@@ -128,19 +140,28 @@ class ES:
         pattern = re.compile(config.params)
         self.tensors = [PerturbedTensor(i, name, p, owner[id(p)])
                         for i, (name, p) in enumerate(model.named_parameters()) if pattern.search(name)]
+        self.population = None
+        if config.mode == "lowrank":
+            from minies.eggroll import LowRankPopulation
+            self.population = LowRankPopulation(model, self.tensors, config.rank, noise)
+            self.tensors = self.population.tensors
         if not self.tensors:
-            raise UserError(f"--params {config.params!r} matches no parameter of the model")
+            raise UserError(f"--params {config.params!r} matches no parameter of the model"
+                            + (" that lowrank mode perturbs (weights of Linear layers)" if self.population else ""))
         self.theta0 = [t.master.clone() for t in self.tensors]
         for p in model.parameters():
             p.requires_grad_(False)  # ES never needs gradients; this also keeps generate cheap
 
     @torch.no_grad()
-    def score(self, problems, seed):
-        """Per-prompt rewards of the model as it is now, and the number of generated tokens."""
+    def score(self, problems, seed, micro_batch=None):
+        """Per-prompt rewards of the model as it is now, the number of generated tokens, and per-prompt
+        outcome labels (minies.analysis.answer_outcome) for the population's diversity."""
         prompts = format_prompts(self.tokenizer, [p.question for p in problems], self.chat_template)
         r = generate(self.model, self.tokenizer, prompts, self.task.max_new_tokens, self.cfg.temperature,
-                     greedy=self.cfg.greedy, micro_batch=self.cfg.micro_batch, seed=seed)
-        return np.array([s.reward for s in score_rollouts(self.task, problems, r.texts)]), int(r.lengths.sum())
+                     greedy=self.cfg.greedy, micro_batch=micro_batch or self.cfg.micro_batch, seed=seed)
+        rewards = np.array([s.reward for s in score_rollouts(self.task, problems, r.texts)])
+        outcomes = [answer_outcome(self.task, text, p) for text, p in zip(r.texts, problems)]
+        return rewards, int(r.lengths.sum()), outcomes
 
     @torch.no_grad()
     def step(self, problems, seed):
@@ -151,30 +172,24 @@ class ES:
         tokens = torch.zeros(1, dtype=torch.float64)
         start = time.time()
         mine = distributed.shard(list(range(len(members))))
-        for n in mine:
-            for t in self.tensors:
-                t.perturbed(*members[n], cfg.sigma)
-            # Common random numbers: every member is scored with the same sampling seed.
-            per_prompt, count = self.score(problems, seed)
+        outcomes = {}
+        for n, per_prompt, count, labels in self.score_members(members, mine, problems, seed):
             rewards[n], errors[n] = per_prompt.mean(), per_prompt.std() / np.sqrt(len(per_prompt))
             tokens += count
-        for t in self.tensors:
-            t.clean()
+            outcomes[n] = labels
         member_seconds = (time.time() - start) / max(len(mine), 1)
         for x in (rewards, errors, tokens):
             distributed.all_reduce_sum(x)
+        outcomes = {n: o for part in distributed.all_gather_objects(outcomes) for n, o in part.items()}
         rewards, errors = rewards.numpy(), errors.numpy()
         z = normalize_rewards(rewards, cfg.normalize)
 
         update_sq, drift_sq = 0.0, 0.0
         for t, t0 in zip(self.tensors, self.theta0):
             if z.any():
-                dev = t.param.device
-                total = torch.zeros(t.param.shape, dtype=torch.float32, device=dev)
-                for (s, sign), zn in zip(members, z):
-                    if zn:
-                        total.add_(noise(s, t.index, t.param.shape, dev), alpha=float(sign * zn))
-                delta = (cfg.alpha / len(members)) * total.cpu()
+                coeffs = [float(sign * zn) for (_, sign), zn in zip(members, z)]
+                direction = (self.population or self).direction(t, members, coeffs)
+                delta = (cfg.alpha / len(members)) * direction.cpu()
                 t.master += delta
                 t.clean()
                 update_sq += float(delta.pow(2).sum())
@@ -186,11 +201,45 @@ class ES:
             # below ~1 the ranking is mostly noise (use more prompts or a larger σ).
             "fitness_snr": float(rewards.std() / max(errors.mean(), 1e-12)),
             "all_tied": bool(not z.any()),
+            # How differently the members answer, seen through the verifier (0: all alike, 1: all differ).
+            "js_diversity": js_diversity([[[outcomes[n][j]] for j in range(len(problems))] for n in sorted(outcomes)]),
             "update_norm": update_sq ** 0.5, "drift": drift_sq ** 0.5,
             "seconds_per_member": member_seconds,
             "tokens_per_second": float(tokens.item()) / max(time.time() - start, 1e-9),  # all ranks together
             "tokens": int(tokens.item()),
         }
+
+    def score_members(self, members, mine, problems, seed):
+        """Yield (n, per-prompt rewards, generated tokens, per-prompt outcomes) for each member n in `mine`.
+        Common random numbers: every member is scored on the same prompts with the same sampling seed."""
+        if self.population is None:  # in place: write θ + σ·ε_n into the model, one member at a time
+            for n in mine:
+                for t in self.tensors:
+                    t.perturbed(*members[n], self.cfg.sigma)
+                yield (n, *self.score(problems, seed))
+            for t in self.tensors:
+                t.clean()
+            return
+        # lowrank: k members per generate call, as k·P rows; the weights themselves stay clean.
+        # (When sampling, a row's random draws depend on its place in the batch, so only greedy scoring
+        # gives every member exactly the same sampling noise.)
+        per_call = max(1, self.cfg.micro_batch // len(problems))
+        for start in range(0, len(mine), per_call):
+            group = mine[start:start + per_call]
+            with self.population.members([members[n] for n in group], self.cfg.sigma):
+                per_row, count, labels = self.score(problems * len(group), seed, micro_batch=len(group) * len(problems))
+            for j, n in enumerate(group):
+                rows = slice(j * len(problems), (j + 1) * len(problems))
+                yield n, per_row[rows], count / len(group), labels[rows]
+
+    def direction(self, t, members, coeffs):
+        """Σ_n c_n·ε_n for one tensor in fp32, regenerating every ε_n from its seed."""
+        dev = t.param.device
+        total = torch.zeros(t.param.shape, dtype=torch.float32, device=dev)
+        for (seed, _), c in zip(members, coeffs):
+            if c:
+                total.add_(noise(seed, t.index, t.param.shape, dev), alpha=c)
+        return total
 
     def state_dict(self):
         return {"master": [t.master for t in self.tensors], "theta0": self.theta0}

@@ -182,6 +182,8 @@ class GRPO:
         return {"reward_mean": rewards.mean().item(), "reward_std": rewards.std().item(),
                 "accuracy": correct.mean().item(), "malformed": malformed.mean().item(),
                 "zero_std_groups": rewards.eq(rewards[:, :1]).all(1).double().mean().item(),
+                # Per prompt, in order: runs with the same --seed see the same prompts, so this pairs them.
+                "groups_solved": correct.gt(0).any(1).int().tolist(),
                 **stats, "length_mean": lengths.mean().item(), "length_max": lengths.max().item(),
                 "truncated": truncated.mean().item(), "tokens": int(lengths.sum().item())}
 

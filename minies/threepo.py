@@ -175,9 +175,11 @@ class B3PO(ThreePO):
             with self.optimizer.sampled_params(train=True, seed=weight_seed):
                 parts.append(super().step(problems, seed * self.samples + m))
         self.optimizer.step()
-        # The log averages the samples' statistics; the token count is their total.
-        stats = {key: float(np.mean([p[key] for p in parts])) for key in parts[0]}
+        # The log averages the samples' statistics; the token count is their total, and a prompt counts as
+        # solved when any sample's group solved it.
+        stats = {key: float(np.mean([p[key] for p in parts])) for key in parts[0] if key != "groups_solved"}
         stats["tokens"] = sum(p["tokens"] for p in parts)
+        stats["groups_solved"] = [max(solved) for solved in zip(*(p["groups_solved"] for p in parts))]
         return {**stats, **self.posterior_stats()}
 
 

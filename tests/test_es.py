@@ -8,6 +8,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from minies import UserError
 from minies.es import ES, ESConfig, PerturbedTensor, member_seeds, noise, normalize_rewards
 from minies.models import load_model, load_tokenizer
 from minies.tasks import Arithmetic
@@ -84,10 +85,11 @@ def test_normalize_rewards():
 
 def test_all_tied_step_changes_nothing(tiny_model_dir):
     es = make_es(tiny_model_dir)
-    es.score = lambda problems, seed: (np.full(len(problems), 0.1), 10)  # every member scores the same
+    es.score = lambda problems, seed: (np.full(len(problems), 0.1), 10, ["7"] * len(problems))  # all the same
     before = weights(es.model)
     stats = es.step(Arithmetic(test_size=50).train_problems(8, seed=0), seed=0)
     assert stats["all_tied"] and stats["update_norm"] == 0.0 and not np.isnan(stats["fitness_snr"])
+    assert stats["js_diversity"] == 0.0  # every member gave the same answers
     for name, value in weights(es.model).items():
         assert torch.equal(before[name], value)
 
@@ -96,7 +98,7 @@ def test_update_is_the_seeded_sum(tiny_model_dir):
     """θ ← θ + α/N Σ z_n ε_n, with ε regenerated from the member seeds."""
     es = make_es(tiny_model_dir, alpha=0.01, antithetic=False)
     fake = iter([0.0, 1.0, 3.0, 2.0])
-    es.score = lambda problems, seed: (np.full(len(problems), next(fake)), 10)
+    es.score = lambda problems, seed: (np.full(len(problems), next(fake)), 10, ["7"] * len(problems))
     t = es.tensors[3]
     start = t.master.clone()
     es.step(Arithmetic(test_size=50).train_problems(8, seed=0), seed=11)
@@ -107,13 +109,15 @@ def test_update_is_the_seeded_sum(tiny_model_dir):
     assert torch.equal(t.param, t.master)
 
 
-def test_8bit_steps_change_outputs_and_checkpoint_reloads(tiny_model_dir, tmp_path):
-    es = make_es(tiny_model_dir, load_in_8bit=True, sigma=0.05, alpha=0.05, population=4)
+@pytest.mark.parametrize("mode", ["inplace", "lowrank"])
+def test_8bit_steps_change_outputs_and_checkpoint_reloads(tiny_model_dir, tmp_path, mode):
+    es = make_es(tiny_model_dir, load_in_8bit=True, sigma=0.05, alpha=0.05, population=4, mode=mode)
     ids = torch.tensor([[5, 8, 9, 79, 10]])
     before = es.model(ids).logits
     problems = Arithmetic(test_size=50).train_problems(8, seed=0)
     rewards = iter(range(100))
-    es.score = lambda problems, seed: (np.full(len(problems), float(next(rewards))), 10)
+    es.score_members = lambda members, mine, problems, seed: (
+        (n, np.full(len(problems), float(next(rewards))), 10, ["7"] * len(problems)) for n in mine)
     for step in range(2):
         es.step(problems, seed=step)
     after = es.model(ids).logits
@@ -137,9 +141,11 @@ def final_weights(run_dir, step):
     return load_file(os.path.join(run_dir, f"step-{step:06d}", "model.safetensors"))
 
 
-def test_torchrun_two_processes_equal_one(tmp_path, tiny_model_dir):
-    run_train(["--steps", "3", "--run-name", "one", "--model", tiny_model_dir], tmp_path)
-    run_train(["--steps", "3", "--run-name", "two", "--model", tiny_model_dir], tmp_path, procs=2)
+@pytest.mark.parametrize("mode", ["inplace", "lowrank"])
+def test_torchrun_two_processes_equal_one(tmp_path, tiny_model_dir, mode):
+    args = ["--steps", "3", "--model", tiny_model_dir, "--mode", mode]
+    run_train(args + ["--run-name", "one"], tmp_path)
+    run_train(args + ["--run-name", "two"], tmp_path, procs=2)
     one, two = final_weights(tmp_path / "one", 3), final_weights(tmp_path / "two", 3)
     assert one.keys() == two.keys()
     assert all(torch.equal(one[k], two[k]) for k in one)
@@ -154,3 +160,65 @@ def test_resume_is_bit_exact(tmp_path, tiny_model_dir):
     run_train(["--steps", "4", "--run-name", "resumed", "--resume"] + model, tmp_path)
     a, b = final_weights(tmp_path / "straight", 4), final_weights(tmp_path / "resumed", 4)
     assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+# --- lowrank (EGGROLL) mode --------------------------------------------------------------------------
+
+def test_lowrank_member_rows_run_at_their_own_explicit_weights(tiny_model_dir):
+    """Row block j of a batched forward equals a plain forward at W + σ·sign_j·A_j·B_jᵀ/√r."""
+    es = make_es(tiny_model_dir, mode="lowrank", rank=2)
+    ids = torch.tensor([[5, 8, 9, 79, 10], [6, 7, 79, 9, 11]])
+    members = member_seeds(3, 4, antithetic=True)
+    clean = weights(es.model)
+    with es.population.members(members, sigma=0.05):
+        batched = es.model(ids.repeat(len(members), 1)).logits.view(len(members), *ids.shape, -1)
+    assert all(torch.equal(v, clean[k]) for k, v in weights(es.model).items())  # weights never modified
+    for j, (seed, sign) in enumerate(members):
+        for t in es.population.tensors:
+            a, b = es.population.factors(seed, t)
+            t.write(t.master + sign * 0.05 * a @ b.T / 2 ** 0.5)
+        explicit = es.model(ids).logits
+        for t in es.population.tensors:
+            t.clean()
+        assert torch.allclose(batched[j], explicit, atol=1e-5), j
+    assert not torch.allclose(batched[0], batched[1])  # mirrored pair: different perturbations
+    assert not torch.allclose(batched[0], batched[2])  # other seed
+
+
+def test_lowrank_perturbs_linear_weights_only_and_skips_the_tied_head(tiny_model_dir):
+    es = make_es(tiny_model_dir, mode="lowrank")
+    names = {t.name for t in es.tensors}
+    assert names and all(n.endswith("proj.weight") for n in names)
+    with pytest.raises(UserError, match="lowrank"):
+        make_es(tiny_model_dir, mode="lowrank", params="norm")
+
+
+def test_lowrank_update_is_the_sum_of_rank_r_terms(tiny_model_dir):
+    es = make_es(tiny_model_dir, alpha=0.01, antithetic=False, mode="lowrank", rank=3)
+    fake = [0.0, 1.0, 3.0, 2.0]
+    es.score_members = lambda members, mine, problems, seed: (
+        (n, np.full(len(problems), fake[n]), 10, [str(n)] * len(problems)) for n in mine)
+    t = es.tensors[2]
+    start = t.master.clone()
+    stats = es.step(Arithmetic(test_size=50).train_problems(8, seed=0), seed=11)
+    assert stats["js_diversity"] == pytest.approx(1.0)  # every member gave its own answer everywhere
+    z = normalize_rewards(fake, "rank")
+    terms = []
+    for (seed, _), zn in zip(member_seeds(11, 4, False), z):
+        a, b = es.population.factors(seed, t)
+        assert a.shape == (t.param.shape[0], 3) and b.shape == (t.param.shape[1], 3)
+        terms.append(zn * sum(torch.outer(a[:, i], b[:, i]) for i in range(3)) / 3 ** 0.5)
+    assert torch.allclose(t.master, start + 0.01 / 4 * sum(terms), atol=1e-7)
+    assert torch.equal(t.param, t.master)
+
+
+def test_lowrank_scores_equal_scoring_each_member_alone(tiny_model_dir):
+    """Batching k members per generate call gives every member the rewards it gets on its own."""
+    es = make_es(tiny_model_dir, mode="lowrank", sigma=0.05, population=6, prompts_per_step=4)
+    problems = Arithmetic(test_size=50).train_problems(4, seed=1)
+    members = member_seeds(9, 6, antithetic=True)
+    es.cfg.micro_batch = 4 * 6  # all six members in one call
+    together = {n: (r, o) for n, r, _, o in es.score_members(members, list(range(6)), problems, seed=0)}
+    es.cfg.micro_batch = 4  # one member per call
+    alone = {n: (r, o) for n, r, _, o in es.score_members(members, list(range(6)), problems, seed=0)}
+    assert all(np.array_equal(together[n][0], alone[n][0]) and together[n][1] == alone[n][1] for n in range(6))

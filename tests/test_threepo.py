@@ -74,6 +74,7 @@ def test_mean_is_restored_exactly(tiny_model_dir, name, samples, monkeypatch):
     algo.optimizer.step()
     assert any(not torch.equal(a, b) for a, b in zip(before, weights(algo)))
     assert {"sigma_mean", "hess_mean", "malformed", "zero_std_groups", "reward_mean", "tokens"} <= stats.keys()
+    assert len(stats["groups_solved"]) == 2 and set(stats["groups_solved"]) <= {0, 1}  # M3PO: over its samples
     cfg = algo.config
     assert stats["sigma_mean"] == pytest.approx((cfg.ess * (cfg.hess_init + cfg.weight_decay)) ** -0.5, rel=1e-5)
 

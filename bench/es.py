@@ -1,0 +1,222 @@
+"""How close ES gets to plain batched generation: overhead, efficiency, members/s, memory, torchrun scaling.
+
+    python -m bench.es                              # the shipped model, ES defaults (N=32, P=256)
+    python -m bench.es --model qwen0.5b-random      # a random model with Qwen2.5-0.5B's shape (no download)
+    python -m bench.es --dtype bfloat16 --load-in-8bit ...
+
+Every number is measured in this one run, side by side, and printed as ratios:
+1. overhead: seconds spent writing perturbed/clean weights and applying the update, over the seconds
+   spent generating and scoring (in-place mode, where that work exists at all);
+2. efficiency: generated tokens/s of an ES step over tokens/s of plain batched generation of the same
+   N·P rows in the same chunks (the limit ES can approach), for both modes; members/s of both modes;
+3. memory: peak of an ES step (and of a GRPO step) over the peak of plain generation, each measured in
+   a fresh subprocess (CUDA: max allocated on the device; CPU: peak resident set of the process, which
+   also holds the fp32 master copies and θ0 that in-place ES keeps in host memory);
+4. torchrun: an ES step with 2 processes of 1 thread each against 1 process of 2 threads.
+"""
+import argparse
+import json
+import os
+import resource
+import subprocess
+import sys
+import time
+
+import numpy as np
+import torch
+
+from minies.es import ES, ESConfig, member_seeds
+from minies.models import SHIPPED_MODEL, load_model, load_tokenizer, model_device
+from minies.rollout import format_prompts, generate
+from minies.tasks import Arithmetic
+
+QWEN_05B = dict(hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14,
+                num_key_value_heads=2, vocab_size=151936, max_position_embeddings=4096, tie_word_embeddings=True)
+
+
+def build(args):
+    """The model, tokenizer and ES config under test. The random model reuses the shipped tokenizer: its
+    ids fall inside Qwen's vocabulary, ids it has no character for decode to nothing, and a random model
+    almost never emits EOS, so every row generates exactly max_new_tokens tokens."""
+    tok = load_tokenizer(SHIPPED_MODEL)
+    if args.model == "qwen0.5b-random":
+        from transformers import AutoModelForCausalLM, BitsAndBytesConfig, Qwen2Config
+        torch.manual_seed(0)
+        config = Qwen2Config(**QWEN_05B, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
+        model = AutoModelForCausalLM.from_config(config, dtype=getattr(torch, args.dtype))
+        if args.load_in_8bit:  # save, then load through bitsandbytes like any 8-bit checkpoint
+            path = os.path.join(args.scratch, "qwen0.5b-random")
+            model.save_pretrained(path)
+            model = AutoModelForCausalLM.from_pretrained(
+                path, quantization_config=BitsAndBytesConfig(load_in_8bit=True),
+                device_map="cuda" if torch.cuda.is_available() else "cpu")
+        elif torch.cuda.is_available():
+            model = model.cuda()
+    else:
+        model = load_model(SHIPPED_MODEL, args.dtype, args.load_in_8bit)
+    model.eval()
+    return model, tok
+
+
+def es_config(args, mode):
+    return ESConfig(population=args.population, prompts_per_step=args.prompts, mode=mode,
+                    micro_batch=args.micro_batch)
+
+
+def sync(model):
+    if model_device(model).type == "cuda":
+        torch.cuda.synchronize()
+
+
+def timed(fn, model):
+    sync(model)
+    start = time.perf_counter()
+    out = fn()
+    sync(model)
+    return time.perf_counter() - start, out
+
+
+def speed(args):
+    model, tok = build(args)
+    task = Arithmetic()
+    task.max_new_tokens = args.new_tokens
+    problems = task.train_problems(args.prompts, seed=1)
+    prompts = format_prompts(tok, [p.question for p in problems])
+    rows = prompts * args.population
+
+    # The limit: plain generation of the same N·P rows, in the chunks lowrank ES uses.
+    chunk = max(1, args.micro_batch // args.prompts) * args.prompts
+    timed(lambda: generate(model, tok, rows[:chunk], task.max_new_tokens, greedy=True, micro_batch=chunk), model)
+    plain_s, plain = timed(lambda: generate(model, tok, rows, task.max_new_tokens, greedy=True, micro_batch=chunk), model)
+    plain_tps = int(plain.lengths.sum()) / plain_s
+    result = {"plain_tokens_per_s": plain_tps}
+
+    for mode in ("inplace", "lowrank"):
+        es = ES(model, tok, task, es_config(args, mode))
+        step_s, stats = timed(lambda: es.step(problems, seed=0), model)
+        result[mode] = {"step_s": step_s, "members_per_s": args.population / step_s,
+                        "tokens_per_s": stats["tokens"] / step_s, "efficiency": stats["tokens"] / step_s / plain_tps}
+        if mode == "inplace":  # time the work that plain generation does not do
+            members = member_seeds(0, args.population, True)
+            write_s, _ = timed(lambda: [t.perturbed(*m, es.cfg.sigma) for m in members for t in es.tensors]
+                               + [t.clean() for t in es.tensors], model)
+            rewards = np.linspace(0, 1, args.population)
+            es.score_members = lambda members, mine, problems, seed: (
+                (n, np.full(len(problems), rewards[n]), 0, ["0"] * len(problems)) for n in mine)
+            update_s, _ = timed(lambda: es.step(problems, seed=0), model)
+            result[mode]["overhead"] = (write_s + update_s) / (step_s - write_s - update_s)
+            result[mode]["write_s"], result[mode]["update_s"] = write_s, update_s
+        for t in es.tensors:  # undo this mode's step before measuring the next one
+            t.master.copy_(es.theta0[es.tensors.index(t)])
+            t.clean()
+        if es.population:
+            es.population.active.clear()
+    return result
+
+
+def memory_probe(args, what):
+    """Peak memory of one workload, run in this (fresh) process."""
+    model, tok = build(args)
+    task = Arithmetic()
+    task.max_new_tokens = args.new_tokens
+    problems = task.train_problems(args.prompts, seed=1)
+    cuda = model_device(model).type == "cuda"
+    if cuda:
+        torch.cuda.reset_peak_memory_stats()
+    if what == "generate":
+        prompts = format_prompts(tok, [p.question for p in problems]) * args.population
+        chunk = max(1, args.micro_batch // args.prompts) * args.prompts
+        generate(model, tok, prompts, task.max_new_tokens, greedy=True, micro_batch=chunk)
+    elif what == "grpo":
+        from minies.grpo import GRPO, GRPOConfig
+        for p in model.parameters():
+            p.requires_grad_(p.dtype.is_floating_point)
+        GRPO(model, tok, task, GRPOConfig(prompts=args.prompts // 8 or 1)).step(problems[:args.prompts // 8 or 1], 0)
+    else:
+        ES(model, tok, task, es_config(args, what)).step(problems, seed=0)
+    if cuda:
+        return torch.cuda.max_memory_allocated() / 2**20
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**10  # KiB on Linux
+
+
+def probe(args, what, extra=(), env=None, launcher=None):
+    cmd = (launcher or [sys.executable]) + ["-m", "bench.es", "--probe", what] + list(extra) + passthrough(args)
+    out = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, **(env or {})})
+    if out.returncode:
+        raise SystemExit(f"error: probe {what} failed: {out.stderr.strip().splitlines()[-1]}")
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def passthrough(args):
+    flags = ["--model", args.model, "--dtype", args.dtype, "--population", str(args.population),
+             "--prompts", str(args.prompts), "--micro-batch", str(args.micro_batch),
+             "--new-tokens", str(args.new_tokens), "--scratch", args.scratch]
+    return flags + (["--load-in-8bit"] if args.load_in_8bit else [])
+
+
+def step_time(args):
+    """Seconds of one ES step (after a warm-up step) under however many processes launched this one."""
+    from minies import distributed
+    distributed.init()
+    model, tok = build(args)
+    task = Arithmetic()
+    task.max_new_tokens = args.new_tokens
+    es = ES(model, tok, task, es_config(args, "inplace"))
+    problems = task.train_problems(args.prompts, seed=1)
+    es.step(problems, seed=0)
+    distributed.barrier()
+    seconds, _ = timed(lambda: es.step(problems, seed=1), model)
+    distributed.close()
+    return seconds if distributed.is_main() else None
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", default="shipped", choices=["shipped", "qwen0.5b-random"], help="model under test")
+    p.add_argument("--dtype", default="float32", help="weights dtype: float32, bfloat16 or float16")
+    p.add_argument("--load-in-8bit", action="store_true", help="load the linear layers in 8-bit")
+    p.add_argument("--population", type=int, default=32, help="ES members per step (N)")
+    p.add_argument("--prompts", type=int, default=256, help="prompts per member (P)")
+    p.add_argument("--micro-batch", type=int, default=1024, help="rows per generate call (lowrank: whole members)")
+    p.add_argument("--new-tokens", type=int, default=10, help="max new tokens per row")
+    p.add_argument("--skip-torchrun", action="store_true", help="skip the 2-process measurement")
+    p.add_argument("--scratch", default="/tmp/minies-bench", help="where the 8-bit random model is saved")
+    p.add_argument("--probe", help=argparse.SUPPRESS)  # internal: one measurement in a fresh process
+    args = p.parse_args()
+    torch.set_grad_enabled(args.probe == "grpo")
+    if args.probe:
+        value = step_time(args) if args.probe == "step" else memory_probe(args, args.probe)
+        if value is not None:
+            print(json.dumps(value))
+        return
+
+    device = torch.cuda.get_device_name() if torch.cuda.is_available() else f"CPU, {torch.get_num_threads()} threads"
+    print(f"# bench.es: {args.model} {args.dtype}{' 8-bit' if args.load_in_8bit else ''}, N={args.population}, "
+          f"P={args.prompts}, {args.new_tokens} new tokens, on {device}")
+    r = speed(args)
+    ip, lr = r["inplace"], r["lowrank"]
+    print(f"plain generation             {r['plain_tokens_per_s']:9.0f} tokens/s")
+    for name, m in (("in-place", ip), ("lowrank", lr)):
+        print(f"ES {name:9s} step {m['step_s']:7.2f} s  {m['members_per_s']:6.2f} members/s  "
+              f"{m['tokens_per_s']:9.0f} tokens/s  efficiency {m['efficiency']:.2f}")
+    print(f"in-place overhead (write {ip['write_s']:.2f} s + update {ip['update_s']:.2f} s) / scoring: "
+          f"{100 * ip['overhead']:.1f}%")
+    print(f"lowrank / in-place members per second: {lr['members_per_s'] / ip['members_per_s']:.2f}x")
+
+    unit = "MiB allocated on the GPU" if torch.cuda.is_available() else "MiB peak RSS"
+    base = probe(args, "generate")
+    print(f"memory, plain generation: {base:.0f} {unit}")
+    for what in ("inplace", "lowrank", "grpo"):
+        value = probe(args, what)
+        print(f"memory, {what:8s} step: {value:.0f} {unit}  ratio {value / base:.2f}")
+
+    if not args.skip_torchrun and not torch.cuda.is_available():
+        one = probe(args, "step", env={"OMP_NUM_THREADS": "2"})
+        two = probe(args, "step", env={"OMP_NUM_THREADS": "1"},
+                    launcher=[sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"])
+        print(f"torchrun, in-place step: 1 process x 2 threads {one:.2f} s, 2 processes x 1 thread {two:.2f} s, "
+              f"speed-up {one / two:.2f}x")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,140 @@
+"""results.md and the PNG plots of bench/reproduce.py, from its results dict (the content of results.json).
+
+matplotlib is optional and deliberately not in requirements.txt (the library never plots): without it
+the plots are skipped with one line saying so, and results.json and results.md are written as usual.
+"""
+import os
+
+ORDER = ("start", "es", "grpo", "c3po", "grpo-es", "es-grpo")
+LABELS = {"start": "start model", "es": "ES", "grpo": "GRPO", "c3po": "C3PO", "grpo-es": "GRPO→ES",
+          "es-grpo": "ES→GRPO"}
+COLORS = {"start": "black", "es": "tab:green", "grpo": "tab:red", "c3po": "tab:blue", "grpo-es": "tab:orange",
+          "es-grpo": "tab:purple"}
+
+
+def fmt(stat, percent=False, digits=3):
+    """"mean ± std" of a summary entry; "—" when it is missing."""
+    if stat is None:
+        return "—"
+    scale, digits = (100, 1) if percent else (1, digits)
+    return f"{stat['mean'] * scale:.{digits}f} ± {stat['std'] * scale:.{digits}f}"
+
+
+def table(header, rows):
+    return ["| " + " | ".join(line) + " |" for line in [header, ["---"] * len(header), *rows]]
+
+
+def keep_fractions(summary):
+    keys = {k.split("_")[0][len("sparse"):] for m in summary.values() for k in m if k.startswith("sparse")}
+    return sorted((k for k in keys if float(k) not in (0.0, 1.0)), key=float)
+
+
+def write_markdown(results, path):
+    cfg, summary = results["config"], results["summary"]
+    methods = [m for m in ORDER if m in summary]
+    ks = sorted(int(k[len("pass@"):]) for k in summary["start"] if k.startswith("pass@"))
+    lines = [f"# Reproducing the papers' findings on `{cfg['model']}`", "",
+             f"Seeds 0..{cfg['seeds'] - 1}; every run generated {cfg['tokens']} training tokens (a sequential run half "
+             f"in each stage); held-out evaluation on {cfg['problems']} problems × {cfg['samples']} samples at "
+             f"temperature 1 (pass@k, unbiased estimator), plus greedy decoding. Mean ± sample std over seeds; "
+             f"rates in %. Wall time {results['seconds'] / 60:.1f} min "
+             f"(estimated {results['estimated_seconds'] / 60:.0f}).",
+             "", "## Final models", ""]
+    rows = [[LABELS[m], fmt(summary[m].get("tokens"), digits=0), fmt(summary[m].get("steps"), digits=0),
+             *[fmt(summary[m].get(f"pass@{k}"), True) for k in ks], fmt(summary[m]["greedy_accuracy"], True),
+             fmt(summary[m]["entropy"]), fmt(summary[m]["malformed_rate"], True), fmt(summary[m].get("drift_total"))]
+            for m in methods]
+    lines += table(["method", "tokens", "steps", *[f"pass@{k}" for k in ks], "greedy", "entropy", "malformed",
+                    "drift ‖θ−θ0‖"], rows)
+
+    keeps = keep_fractions(summary)
+    lines += ["", "## Functional sparsity", "",
+              "Share of the gain over the start model (pass@1 at "
+              f"{cfg['sparsity_samples']} samples, and greedy accuracy) kept when only the largest-magnitude "
+              "fraction of the update's entries is applied (`minies.analysis.sparsified`); — where training gained "
+              "nothing.", ""]
+    rows = [[f"{LABELS[m]} {metric}", *[fmt(summary[m].get(f"sparse{k}_{metric}_gain_kept"), True) for k in keeps]]
+            for m in ("es", "grpo") if m in summary for metric in ("pass@1", "greedy_accuracy")]
+    lines += table(["method, metric", *[f"top {float(k) * 100:g}%" for k in keeps]], rows)
+
+    kinds = ("total", "embedding", "attention", "mlp", "norm", "other")
+    lines += ["", "## Drift per layer type", "", "L2 norm of θ − θ0 (`minies.analysis.drift`).", ""]
+    lines += table(["method", *kinds], [[LABELS[m], *[fmt(summary[m].get(f"drift_{k}")) for k in kinds]]
+                                        for m in methods if m != "start"])
+
+    lines += ["", "## Zero-advantage rescue, C3PO against GRPO", "",
+              "Same seed, hence the same prompts at every step; a prompt is rescued when C3PO's group had a correct "
+              "completion and GRPO's whole group failed, lost in the reverse case "
+              "(`minies.analysis.rescue_counts`).", ""]
+    lines += table(["seed", "paired steps", "prompts", "GRPO group all wrong", "rescued", "lost"],
+                   [[seed, *(str(r[k]) for k in ("steps", "prompts", "baseline_failed", "rescued", "lost"))]
+                    for seed, r in results["rescue"].items()])
+
+    lines += ["", "## ES population diversity", ""]
+    diversity = summary.get("es", {}).get("js_diversity_last")
+    lines.append(f"Verifier-projected Jensen–Shannon diversity of the last ES step: {fmt(diversity)} "
+                 "(`minies.analysis.js_diversity`; 0: every member gives the same outcomes, 1: all differ)."
+                 if diversity else "The ES runs logged no `js_diversity`, so there is no diversity series.")
+    with open(path, "w") as f:
+        f.write("\n".join(lines) + "\n")
+
+
+def plot(results, out):
+    """Writes the PNG plots into `out`; returns their paths (none without matplotlib)."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("plots skipped: matplotlib is not installed (pip install matplotlib enables them)")
+        return []
+    summary, runs, paths = results["summary"], results["runs"], []
+
+    def save(fig, ax, name, title, xlabel, ylabel):
+        ax.set(title=title, xlabel=xlabel, ylabel=ylabel)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize="small")
+        fig.tight_layout()
+        paths.append(os.path.join(out, name))
+        fig.savefig(paths[-1], dpi=120)
+        plt.close(fig)
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for m in (m for m in ORDER if m in summary):
+        ks = sorted(int(k[len("pass@"):]) for k in summary[m] if k.startswith("pass@"))
+        ax.errorbar(ks, [summary[m][f"pass@{k}"]["mean"] for k in ks], [summary[m][f"pass@{k}"]["std"] for k in ks],
+                    color=COLORS[m], label=LABELS[m], marker="o", ms=3, capsize=2)
+    ax.set_xscale("log", base=2)
+    save(fig, ax, "pass_at_k.png", "held-out pass@k (mean ± std over seeds)", "k", "pass@k")
+
+    for key, name, title in (("heldout_entropy", "entropy.png", "held-out token entropy during training"),
+                             ("reward", "reward.png", "training reward (ES: mean over members, greedy)")):
+        fig, ax = plt.subplots(figsize=(6, 4))
+        labelled = set()
+        for run in runs.values():
+            xs, ys = zip(*run[key]) if run[key] else ((), ())
+            ax.plot(xs, ys, color=COLORS[run["method"]], lw=1, alpha=0.8,
+                    label=None if run["method"] in labelled else LABELS[run["method"]])
+            labelled.add(run["method"])
+        save(fig, ax, name, title, "generated training tokens", "entropy (nats)" if key != "reward" else "reward")
+
+    es_runs = [(n, r) for n, r in runs.items() if r["method"] == "es" and r["js_diversity"]]
+    if es_runs:
+        fig, ax = plt.subplots(figsize=(6, 4))
+        for name, run in es_runs:
+            ax.plot(*zip(*run["js_diversity"]), label=name)
+        save(fig, ax, "es_diversity.png", "ES population diversity (verifier-projected JS)", "step", "JS diversity")
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for m in ("es", "grpo"):
+        keeps = [k for k in keep_fractions(summary) if summary.get(m, {}).get(f"sparse{k}_pass@1_gain_kept")]
+        if keeps:
+            stats = [summary[m][f"sparse{k}_pass@1_gain_kept"] for k in keeps]
+            ax.errorbar([float(k) * 100 for k in keeps], [s["mean"] for s in stats], [s["std"] for s in stats],
+                        color=COLORS[m], label=LABELS[m], marker="o", capsize=2)
+    percents = [float(k) * 100 for k in keep_fractions(summary)]
+    ax.set_xscale("log")
+    ax.set_xticks(percents, [f"{p:g}" for p in percents])
+    save(fig, ax, "sparsity.png", "pass@1 gain kept by the largest updates", "entries of θ − θ0 kept (%)",
+         "share of the pass@1 gain")
+    return paths

@@ -1,0 +1,330 @@
+"""Reproduce the founding papers' findings on the shipped model (issue #7, PAPERS.md section 1).
+
+    python -m bench.reproduce --quick            # a smoke run of every stage: under a minute on one core
+    python -m bench.reproduce --out results      # the full run: estimated 50 minutes on 2 cores, plan printed first
+
+ES, GRPO and C3PO train for seeds 0..S-1 on an equal budget of generated tokens, and so do GRPO→ES and
+ES→GRPO (half the budget in each stage, the second starting from the first's final checkpoint). Then
+every final model and the start model are evaluated on held-out problems with n samples each (pass@k
+curves), the ES and GRPO updates are sparsified (how much of the gain do the largest 1-50% of the
+updated entries keep?), drift is measured per layer type, and entropy, reward, ES population diversity
+and C3PO's zero-advantage rescue against GRPO are read from the runs' logs. Writes <out>/results.json,
+<out>/results.md and PNG plots (bench/report.py); the runs themselves stay in <out>/runs.
+
+Equal token budget. Every run generates --tokens training tokens, as counted by train.py's log (all
+completion tokens sampled for training; evaluations excluded). Steps are whole and differ in cost per
+method (a default ES step is 32 members × prompts, a GRPO step 16 prompts × 8), so a run is trained in
+two pieces: first to 90% of the budget, with steps estimated from its rollouts per step and the start
+model's mean completion length, then resumed (train.py --resume, bit-identical to an unbroken run) for
+as many steps as the *measured* tokens per step say are left. Every run ends within about half a step
+of the budget; results.json records each run's exact count.
+
+ES scores 32 prompts per step here instead of its tuned 256 (--es-prompts): one step of 32 members ×
+256 prompts generates ~45k tokens, as much as 64 GRPO steps, so at a budget that fits in an hour ES
+would take 3 or 4 steps. With 32 prompts it takes eight times as many for the same tokens.
+"""
+import argparse
+import dataclasses
+import json
+import os
+import time
+from collections import namedtuple
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+import train
+from bench import report
+from minies import ArgumentParser, UserError, checkpoint, run_script
+from minies.analysis import drift, rescue_counts, sparsified
+from minies.config import add_arguments, from_args, option
+from minies.evaluate import evaluate
+from minies.grpo import GRPOConfig
+from minies.models import SHIPPED_MODEL, load_model, load_tokenizer
+from minies.tasks import DEFAULT_TASK, get_task
+
+METHODS = ("es", "grpo", "c3po")
+SEQUENTIAL = (("grpo", "es"), ("es", "grpo"))
+KEEP_FRACTIONS = (0.0, 0.01, 0.05, 0.10, 0.50, 1.0)  # 0 is the start model and 1 the trained one, exactly
+HELDOUT_SAMPLES = 4  # samples per problem of train.py's evaluations during training (the entropy series)
+
+# Planning constants, measured on the shipped model with one thread on a busy 2-core machine (load ~4):
+# a GRPO step 0.35 s and a C3PO step 0.7 s (up to 2 s under more load: planned at 2) at 16 prompts × 8;
+# one ES member's greedy scoring 0.055 s + 0.58 ms per prompt (2.35 s a step at 32 × 32, 6.5 s at
+# 32 × 256); an evaluation ~2 ms per sample (sampling, the entropy pass and greedy decoding together).
+GRPO_STEP_SECONDS = {"grpo": 0.35, "c3po": 2.0}
+ES_MEMBER_SECONDS, ES_PROMPT_SECONDS = 0.055, 0.00058
+EVAL_SAMPLE_SECONDS = 0.002
+
+
+@dataclass
+class ReproduceConfig:
+    model: str = option(SHIPPED_MODEL, "the start model: hub id or local directory")
+    out: str = option("results", "output directory (results.json, results.md, plots, runs/)")
+    quick: bool = option(False, "a smoke run: 1 seed, a tiny budget, few problems (changes the defaults below)")
+    seeds: int = option(3, "seeds 0..S-1 for every method")
+    tokens: int = option(160_000, "generated training tokens per run, the same for every method")
+    es_population: int = option(32, "ES members per step")
+    es_prompts: int = option(32, "ES prompts per step (its tuned default is 256; see the module docstring)")
+    problems: int = option(300, "held-out problems for the final evaluations")
+    samples: int = option(32, "samples per problem for the final pass@k curves")
+    sparsity_samples: int = option(8, "samples per problem for pass@1 of the sparsified models")
+    eval_problems: int = option(100, "held-out problems for the evaluations during training (entropy series)")
+    evals_per_run: int = option(8, "evaluations during each training stage")
+
+
+QUICK = {"seeds": 1, "tokens": 6000, "es_population": 8, "es_prompts": 16, "problems": 20, "samples": 8,
+         "sparsity_samples": 4, "eval_problems": 10, "evals_per_run": 2}
+
+
+def parse_args(argv):
+    # Two passes, as in train.py: --quick changes the other flags' defaults (explicit flags still win).
+    pre = argparse.ArgumentParser(add_help=False)
+    pre.add_argument("--quick", action="store_true")
+    parser = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_arguments(parser, ReproduceConfig, "reproduce")
+    if pre.parse_known_args(argv)[0].quick:
+        parser.set_defaults(**QUICK)
+    cfg = from_args(ReproduceConfig, parser.parse_args(argv))
+    if min(cfg.seeds, cfg.tokens, cfg.problems, cfg.samples, cfg.sparsity_samples, cfg.eval_problems,
+           cfg.evals_per_run) < 1:
+        raise UserError("--seeds, --tokens, --problems, --samples, --sparsity-samples, --eval-problems and "
+                        "--evals-per-run must all be >= 1")
+    return cfg
+
+
+def rollouts_per_step(cfg, method):
+    if method == "es":
+        return cfg.es_population * cfg.es_prompts
+    grpo = GRPOConfig()
+    return grpo.prompts * grpo.group_size  # train.py's defaults, for GRPO and C3PO alike
+
+
+def step_seconds(cfg, method):
+    if method == "es":
+        return cfg.es_population * (ES_MEMBER_SECONDS + ES_PROMPT_SECONDS * cfg.es_prompts)
+    return GRPO_STEP_SECONDS[method]
+
+
+# label: "es", ..., "grpo-es"; run: label and seed; name: the stage's run directory under runs/;
+# after: the stage whose final checkpoint this one starts from (None: the start model).
+Stage = namedtuple("Stage", "label run name method seed tokens steps after")
+
+
+def make_plan(cfg, mean_length):
+    """The training stages, in order, and the estimated seconds of the whole reproduction. A stage's
+    steps are estimated from its rollouts per step and the start model's mean completion length."""
+    stages = []
+
+    def add(label, seed, name, method, tokens, after=None):
+        steps = max(1, round(tokens / (rollouts_per_step(cfg, method) * mean_length)))
+        stages.append(Stage(label, f"{label}-seed{seed}", name, method, seed, tokens, steps, after))
+
+    for seed in range(cfg.seeds):
+        for method in METHODS:
+            add(method, seed, f"{method}-seed{seed}", method, cfg.tokens)
+        for first, second in SEQUENTIAL:
+            run = f"{first}-{second}-seed{seed}"
+            add(f"{first}-{second}", seed, f"{run}/1-{first}", first, cfg.tokens // 2)
+            add(f"{first}-{second}", seed, f"{run}/2-{second}", second, cfg.tokens - cfg.tokens // 2,
+                after=f"{run}/1-{first}")
+    finals = cfg.seeds * (1 + len(METHODS) + len(SEQUENTIAL))
+    samples = (finals * cfg.problems * cfg.samples
+               + cfg.seeds * 2 * len(KEEP_FRACTIONS) * cfg.problems * cfg.sparsity_samples
+               + len(stages) * (cfg.evals_per_run + 2) * cfg.eval_problems * HELDOUT_SAMPLES)
+    training = sum(s.steps * step_seconds(cfg, s.method) for s in stages)
+    return stages, training + samples * EVAL_SAMPLE_SECONDS
+
+
+def print_plan(cfg, stages, total_seconds, mean_length):
+    print(f"plan: {cfg.tokens} generated tokens per run, seeds 0..{cfg.seeds - 1}; steps estimated from the start "
+          f"model's mean completion length, {mean_length:.2f} tokens")
+    for s in stages:
+        seconds = s.steps * step_seconds(cfg, s.method)
+        print(f"  {s.name:<22} {s.tokens:>8} tokens  ~{s.steps:>5} steps  ~{seconds:5.0f} s")
+    print(f"  estimated total, evaluations included: {total_seconds / 60:.0f} min", flush=True)
+
+
+def read_log(run_dir):
+    with open(os.path.join(run_dir, "log.jsonl")) as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def train_stage(cfg, runs_dir, stage, model):
+    """Train one stage to its token budget (module docstring) from `model`; returns its run directory."""
+    flags = ["--algo", stage.method, "--model", model, "--seed", stage.seed, "--out", runs_dir,
+             "--run-name", stage.name, "--save-every", 10**9, "--eval-every", max(1, stage.steps // cfg.evals_per_run),
+             "--eval-problems", cfg.eval_problems, "--eval-samples", HELDOUT_SAMPLES,
+             "--final-samples", HELDOUT_SAMPLES]
+    if stage.method == "es":
+        flags += ["--population", cfg.es_population, "--prompts-per-step", cfg.es_prompts]
+    steps = max(1, int(0.9 * stage.steps))
+    train.main([str(f) for f in flags + ["--steps", steps]])
+    run_dir = os.path.join(runs_dir, stage.name)
+    last = read_log(run_dir)[-1]
+    more = round((stage.tokens - last["tokens"]) / (last["tokens"] / last["step"]))
+    if more > 0:
+        train.main([str(f) for f in flags + ["--steps", steps + more, "--resume"]])
+    return run_dir
+
+
+def stage_record(run_dir, tokens_before):
+    """A stage's totals and series, with tokens counted from the start of its whole run."""
+    rows = read_log(run_dir)
+    with open(os.path.join(run_dir, "summary.json")) as f:
+        summary = json.load(f)
+
+    def series(key):
+        return [[tokens_before + r["tokens"], r[key]] for r in rows if key in r]
+
+    entropy = series("heldout_entropy") + [[tokens_before + rows[-1]["tokens"], summary["after"]["entropy"]]]
+    if tokens_before == 0:  # a second stage's "before" is its first stage's "after"
+        entropy.insert(0, [0, summary["before"]["entropy"]])
+    return {"steps": rows[-1]["step"], "tokens": rows[-1]["tokens"], "reward": series("reward_mean"),
+            "heldout_entropy": entropy, "js_diversity": [[r["step"], r["js_diversity"]] for r in rows
+                                                         if "js_diversity" in r],
+            "groups_solved": [r["groups_solved"] for r in rows if "groups_solved" in r]}
+
+
+def weights(model):
+    return {name: p.detach().clone() for name, p in model.named_parameters()}
+
+
+def load_weights(path, replace=None):
+    """The model at `path`, with its parameters overwritten by `replace` (name -> tensor) if given."""
+    model = load_model(path)
+    if replace is not None:
+        with torch.no_grad():
+            for name, p in model.named_parameters():
+                p.copy_(replace[name])
+    return model
+
+
+def heldout(cfg, tok, model, seed, n):
+    """Held-out metrics on the test split of `seed`'s task: the split the runs of that seed never
+    trained on (train.py draws its training problems outside it), with pass@k for k = 1, 2, 4, .. n."""
+    task = get_task(DEFAULT_TASK, seed=seed)
+    ks = [2 ** i for i in range(n.bit_length())]
+    return evaluate(model, tok, task, task.test_problems()[:cfg.problems], n=n, ks=ks, seed=0)
+
+
+def mean_std(values):
+    """Mean and sample standard deviation (ddof 1; 0 for one value) of the values that are not None."""
+    values = [v for v in values if v is not None]
+    if not values:
+        return None
+    return {"mean": float(np.mean(values)), "std": float(np.std(values, ddof=1)) if len(values) > 1 else 0.0,
+            "n": len(values)}
+
+
+def gain_kept(value, start, full):
+    """The fraction of a trained model's gain over the start model that a sparsified model keeps;
+    None when training gained nothing (the ratio would be meaningless)."""
+    return (value - start) / (full - start) if full > start else None
+
+
+def train_all(cfg, stages, runs_dir):
+    """Run every stage; returns {run: record} with the run's totals, series and final checkpoint."""
+    run_dirs, runs = {}, {}
+    for stage in stages:
+        model = cfg.model if stage.after is None else checkpoint.latest(run_dirs[stage.after])
+        began = time.time()
+        run_dirs[stage.name] = train_stage(cfg, runs_dir, stage, model)
+        run = runs.setdefault(stage.run, {"method": stage.label, "seed": stage.seed, "stages": [], "tokens": 0,
+                                          "steps": 0, "seconds": 0.0, "reward": [], "heldout_entropy": [],
+                                          "js_diversity": [], "groups_solved": []})
+        record = stage_record(run_dirs[stage.name], run["tokens"])
+        run["stages"].append({"method": stage.method, "steps": record["steps"], "tokens": record["tokens"]})
+        for key in ("reward", "heldout_entropy", "js_diversity", "groups_solved"):
+            run[key] += record[key]
+        run["tokens"] += record["tokens"]
+        run["steps"] += record["steps"]
+        run["seconds"] += time.time() - began
+        run["checkpoint"] = checkpoint.latest(run_dirs[stage.name])
+    return runs
+
+
+def sparsity_ablation(cfg, tok, theta0, run):
+    """{keep fraction: pass@1, greedy accuracy and the share of each one's gain kept} of the run's
+    final model with only the largest `keep` of its update entries applied."""
+    theta = weights(load_weights(run["checkpoint"]))
+    points = {keep: heldout(cfg, tok, load_weights(cfg.model, sparsified(theta0, theta, keep)), run["seed"],
+                            cfg.sparsity_samples) for keep in KEEP_FRACTIONS}
+    metrics = ("pass@1", "greedy_accuracy")
+    return {str(keep): {**{k: m[k] for k in metrics},
+                        **{f"{k}_gain_kept": gain_kept(m[k], points[0.0][k], points[1.0][k]) for k in metrics}}
+            for keep, m in points.items()}
+
+
+def rescue(c3po, grpo):
+    """C3PO's zero-advantage rescue against GRPO from their logged groups_solved, step by step over the
+    steps both runs took (the same --seed gives both the same prompts at every step)."""
+    paired = min(len(c3po["groups_solved"]), len(grpo["groups_solved"]))
+    method, baseline = ([x for step in run["groups_solved"][:paired] for x in step] for run in (c3po, grpo))
+    rescued, lost = rescue_counts(method, baseline)
+    return {"steps": paired, "prompts": len(baseline), "rescued": rescued, "lost": lost,
+            "baseline_failed": baseline.count(0)}
+
+
+def main(argv=None):
+    cfg = parse_args(argv)
+    runs_dir = os.path.join(cfg.out, "runs")
+    if os.path.exists(runs_dir):
+        raise UserError(f"{runs_dir} already exists; pass another --out or delete it")
+    wall = time.time()
+    tok = load_tokenizer(cfg.model)
+    start_model = load_weights(cfg.model)
+    theta0 = weights(start_model)
+    start = {seed: heldout(cfg, tok, start_model, seed, cfg.samples) for seed in range(cfg.seeds)}
+    stages, estimate = make_plan(cfg, start[0]["mean_length"])
+    print_plan(cfg, stages, estimate, start[0]["mean_length"])
+
+    runs = train_all(cfg, stages, runs_dir)
+    for name, run in runs.items():
+        print(f"evaluating {name}", flush=True)
+        model = load_weights(run["checkpoint"])
+        run["eval"] = heldout(cfg, tok, model, run["seed"], cfg.samples)
+        run["drift"] = drift(theta0, weights(model))
+    sparsity = {}
+    for name, run in runs.items():
+        if run["method"] in ("es", "grpo"):
+            print(f"sparsifying {name}", flush=True)
+            sparsity[name] = sparsity_ablation(cfg, tok, theta0, run)
+
+    results = {"config": dataclasses.asdict(cfg), "estimated_seconds": estimate,
+               "start": {f"seed{seed}": m for seed, m in start.items()}, "runs": runs, "sparsity": sparsity,
+               "rescue": {f"seed{seed}": rescue(runs[f"c3po-seed{seed}"], runs[f"grpo-seed{seed}"])
+                          for seed in range(cfg.seeds)},
+               "summary": summarize(start, runs, sparsity), "seconds": time.time() - wall}
+    os.makedirs(cfg.out, exist_ok=True)
+    with open(os.path.join(cfg.out, "results.json"), "w") as f:
+        json.dump(results, f, indent=1)
+    report.write_markdown(results, os.path.join(cfg.out, "results.md"))
+    plots = report.plot(results, cfg.out)
+    print(f"wrote {cfg.out}/results.json, results.md and {len(plots)} plots in {results['seconds'] / 60:.1f} min "
+          f"(estimated {estimate / 60:.0f} min)")
+
+
+def summarize(start, runs, sparsity):
+    """{method: {metric: mean ± std over seeds}} of the final evaluations, tokens, steps, drift, the last
+    logged ES diversity and the sparsified models' metrics (keys "sparse<keep>_<metric>"); the start
+    model is the method "start"."""
+    rows = {"start": list(start.values())}
+    for name, run in runs.items():
+        row = {**run["eval"], "tokens": run["tokens"], "steps": run["steps"], "seconds": run["seconds"],
+               **{f"drift_{kind}": value for kind, value in run["drift"].items()}}
+        if run["js_diversity"]:
+            row["js_diversity_last"] = run["js_diversity"][-1][1]
+        for keep, metrics in sparsity.get(name, {}).items():
+            row.update({f"sparse{keep}_{key}": value for key, value in metrics.items()})
+        rows.setdefault(run["method"], []).append(row)
+    summary = {}
+    for method, seeds in rows.items():
+        keys = dict.fromkeys(k for r in seeds for k, v in r.items() if isinstance(v, (int, float)))
+        summary[method] = {key: mean_std([r.get(key) for r in seeds]) for key in keys}
+    return summary
+
+
+if __name__ == "__main__":
+    run_script(main)

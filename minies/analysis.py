@@ -1,0 +1,162 @@
+"""Measurements behind the claims of the founding papers (PAPERS.md section 1), shared by bench/ and tests.
+
+Paper A says ES keeps a *diverse* population and so a higher pass@k than GRPO, changes every weight but
+owes its gain to a few large updates, and paper B says 3PO *rescues* prompts on which GRPO's whole group
+fails. The papers publish no code, so the exact definitions are pinned down here, one per function.
+"""
+import math
+import re
+from collections import Counter
+
+import torch
+
+from minies.metrics import mean_pass_at_k
+from minies.tasks import BOXED, GSM8K_NUMBER, last_answer_tag
+
+LAYER_TYPES = ("embedding", "attention", "mlp", "norm", "other")
+# First match wins. Norms come before attention because "post_attention_layernorm" names a norm, and
+# Qwen3's "self_attn.q_norm" is one too; the output head counts as an (output) embedding.
+_LAYER_PATTERNS = (("embedding", re.compile(r"embed|lm_head|\bwte\b|\bwpe\b")),
+                   ("norm", re.compile(r"norm|\bln_")),
+                   ("attention", re.compile(r"attn|attention")),
+                   ("mlp", re.compile(r"mlp|feed_forward")))
+
+
+def answer_outcome(task, completion, problem):
+    """What the verifier sees in one completion, as a hashable label: "correct"; "malformed" (the task
+    could extract no answer); or, for a wrong answer, the extracted answer text itself, so that two
+    wrong completions count as the same outcome exactly when their answers read the same.
+
+    Correct and malformed come from task.score, so every task is judged by its own verifier. The wrong
+    answer's text is the content of the last <answer> tag, which arithmetic and countdown always have
+    when they score a completion as well formed. gsm8k also accepts an untagged answer: then the label
+    is the last \\boxed{} content, else the last number, which is where its verifier reads the answer.
+    """
+    score = task.score(completion, problem)
+    if score.correct:
+        return "correct"
+    if score.malformed:
+        return "malformed"
+    tagged = last_answer_tag(completion)
+    if tagged is not None:
+        return tagged
+    boxed = BOXED.findall(completion)
+    return boxed[-1] if boxed else GSM8K_NUMBER.findall(completion)[-1]
+
+
+def _entropy_bits(counts):
+    total = sum(counts)
+    return -sum(c / total * math.log2(c / total) for c in counts if c)
+
+
+def js_diversity(outcomes):
+    """Verifier-projected generalised Jensen–Shannon diversity of a population, in [0, 1].
+
+    outcomes[n][j] is the list of outcome labels (answer_outcome) of member n on prompt j: one per
+    sample, a single one under greedy decoding. For prompt j, member n's distribution p_n over labels
+    is the empirical one (label counts / number of samples), and with equal member weights
+
+        JS_j = H(mean_n p_n) − mean_n H(p_n)        (Shannon entropies in bits)
+
+    which is 0 when every member has the same distribution and at most log2(N), reached when the
+    members' supports are disjoint. Returns mean_j JS_j / log2(N). Members may have different numbers
+    of samples; every member must cover the same prompts. Needs N >= 2 (one member has no diversity
+    to normalise).
+    """
+    members = len(outcomes)
+    if members < 2:
+        raise ValueError(f"js_diversity needs at least 2 members, got {members}")
+    prompts = len(outcomes[0])
+    if prompts == 0 or any(len(m) != prompts for m in outcomes):
+        raise ValueError("every member needs outcomes on the same, non-empty list of prompts")
+    total = 0.0
+    for j in range(prompts):
+        distributions = [Counter(m[j]) for m in outcomes]
+        if any(not d for d in distributions):
+            raise ValueError(f"prompt {j}: every member needs at least one outcome")
+        mixture = Counter()
+        for d in distributions:
+            size = sum(d.values())
+            for label, count in d.items():
+                mixture[label] += count / size / members
+        within = sum(_entropy_bits(d.values()) for d in distributions) / members
+        total += _entropy_bits(mixture.values()) - within
+    return max(0.0, total / prompts / math.log2(members))  # max: rounding can leave -1e-17
+
+
+def pass_at_k_curve(correct_counts, n, ks=None):
+    """{k: pass@k} from each problem's number of correct samples out of n, with the unbiased
+    estimator averaged over problems (minies.metrics). ks defaults to the powers of two up to n;
+    values of k above n are left out (pass@k needs k samples)."""
+    if ks is None:
+        ks = [2 ** i for i in range(n.bit_length())]
+    return {k: mean_pass_at_k(correct_counts, n, k) for k in ks if 1 <= k <= n}
+
+
+def layer_type(name):
+    """"embedding", "attention", "mlp", "norm" or "other", from a Qwen2/Llama-style parameter name."""
+    for kind, pattern in _LAYER_PATTERNS:
+        if pattern.search(name):
+            return kind
+    return "other"
+
+
+def _check_same_names(theta0, theta):
+    if set(theta0) != set(theta):
+        raise ValueError(f"the two weight dicts differ in names: {sorted(set(theta0) ^ set(theta))[:5]}")
+
+
+def drift(theta0, theta):
+    """L2 norm of θ − θ0, in total and per layer type: {"total": ..., "embedding": ..., ...}.
+
+    theta0 and theta map parameter names to tensors of equal shapes. Each tensor must appear once: pass
+    dict(model.named_parameters()), not a state_dict, in which tied weights (embedding and output head)
+    appear under two names and would count twice. Norms are computed in float64.
+    """
+    _check_same_names(theta0, theta)
+    squares = dict.fromkeys(LAYER_TYPES, 0.0)
+    for name in theta0:
+        squares[layer_type(name)] += float((theta[name].double() - theta0[name].double()).pow(2).sum())
+    return {"total": math.sqrt(sum(squares.values())), **{k: math.sqrt(v) for k, v in squares.items()}}
+
+
+def sparsified(theta0, theta, keep_fraction):
+    """θ0 + (θ − θ0) with only the globally largest-magnitude `keep_fraction` of the update's entries kept.
+
+    Over all tensors together, the round(keep_fraction · entries) entries with the largest |θ − θ0|
+    take their value from θ and every other entry keeps θ0's (taking the value, rather than adding the
+    masked difference, makes keep_fraction 1 return θ exactly). Ties in |θ − θ0| go to the entry that
+    comes first with tensors in sorted name order and entries in row-major order, so the result does
+    not depend on the dicts' order. Returns a new name -> tensor dict in θ's dtypes.
+    """
+    if not 0.0 <= keep_fraction <= 1.0:
+        raise ValueError(f"keep_fraction {keep_fraction}: must be in [0, 1]")
+    _check_same_names(theta0, theta)
+    names = sorted(theta0)
+    magnitude = torch.cat([(theta[n].double() - theta0[n].double()).abs().flatten() for n in names])
+    keep = round(keep_fraction * magnitude.numel())
+    chosen = torch.zeros(magnitude.numel(), dtype=torch.bool, device=magnitude.device)
+    chosen[torch.sort(magnitude, descending=True, stable=True).indices[:keep]] = True
+    out, offset = {}, 0
+    for n in names:
+        mask = chosen[offset:offset + theta0[n].numel()].view(theta0[n].shape)
+        out[n] = torch.where(mask, theta[n], theta0[n].to(theta[n].dtype))
+        offset += theta0[n].numel()
+    return out
+
+
+def rescue_counts(solved_method, solved_baseline):
+    """Paired zero-advantage rescue (paper B): (rescued, lost) over prompts seen by both runs.
+
+    solved_x[j] is 1 (or True) when run x's group for prompt j had at least one correct completion, 0
+    when the whole group failed: then no completion has a positive advantage for being right (only the
+    format bonus can still separate wrong from malformed ones), so the prompt teaches nothing about
+    correctness. rescued counts prompts the method solved where the baseline's whole group failed; lost
+    the reverse.
+    The two lists must pair up: the same prompts in the same order (same --seed and prompts per step).
+    """
+    if len(solved_method) != len(solved_baseline):
+        raise ValueError(f"cannot pair {len(solved_method)} prompts with {len(solved_baseline)}")
+    rescued = sum(1 for m, b in zip(solved_method, solved_baseline) if m and not b)
+    lost = sum(1 for m, b in zip(solved_method, solved_baseline) if b and not m)
+    return rescued, lost

@@ -1,0 +1,101 @@
+"""bench/reproduce.py --quick end to end (about a minute on one core): every stage runs and results.json
+holds sane values; and its one-line errors."""
+import contextlib
+import io
+import json
+
+import pytest
+
+from bench import reproduce
+from conftest import single_thread
+from minies import UserError
+
+RUNS = ("es-seed0", "grpo-seed0", "c3po-seed0", "grpo-es-seed0", "es-grpo-seed0")
+
+
+@pytest.fixture(scope="module")
+def quick(tmp_path_factory, model_dir):
+    """(out directory, results.json, printed lines) of one quick reproduction."""
+    out = tmp_path_factory.mktemp("reproduce")
+    printed = io.StringIO()
+    with single_thread(), contextlib.redirect_stdout(printed):
+        reproduce.main(["--quick", "--model", model_dir, "--out", str(out)])
+    return out, json.loads((out / "results.json").read_text()), printed.getvalue()
+
+
+def test_results_have_every_part(quick):
+    out, results, printed = quick
+    parts = {"config", "start", "runs", "sparsity", "rescue", "summary", "seconds", "estimated_seconds"}
+    assert parts <= results.keys()
+    assert results["config"]["quick"] and results["config"]["tokens"] == reproduce.QUICK["tokens"]
+    assert sorted(results["runs"]) == sorted(RUNS)
+    assert set(results["summary"]) == {"start", "es", "grpo", "c3po", "grpo-es", "es-grpo"}
+    assert "plan:" in printed and "estimated total" in printed
+    markdown = (out / "results.md").read_text()
+    assert "| GRPO→ES |" in markdown and "## Functional sparsity" in markdown
+    plots = sorted(p.name for p in out.glob("*.png"))
+    assert plots == ["entropy.png", "pass_at_k.png", "reward.png", "sparsity.png"] or "plots skipped" in printed
+
+
+def test_every_run_spends_the_same_token_budget(quick):
+    _, results, _ = quick
+    budget = results["config"]["tokens"]
+    for name, run in results["runs"].items():
+        stages = run["stages"]
+        assert len(stages) == (2 if name.count("-") == 2 else 1), name
+        for stage in stages:
+            # Steps are whole: each stage ends within one step of its share of the budget.
+            assert abs(stage["tokens"] - budget / len(stages)) <= stage["tokens"] / stage["steps"], (name, stage)
+        assert run["tokens"] == sum(s["tokens"] for s in stages)
+    assert [s["method"] for s in results["runs"]["grpo-es-seed0"]["stages"]] == ["grpo", "es"]
+    assert results["runs"]["es-grpo-seed0"]["checkpoint"].split("/")[-2] == "2-grpo"
+
+
+def test_final_evaluations_are_sane(quick):
+    _, results, _ = quick
+    n = results["config"]["samples"]
+    for metrics in [results["start"]["seed0"]] + [r["eval"] for r in results["runs"].values()]:
+        curve = [metrics[f"pass@{k}"] for k in (1, 2, 4, 8)]
+        assert curve == sorted(curve) and 0 <= curve[0] and curve[-1] <= 1 and metrics["n"] == n
+        assert 0 <= metrics["greedy_accuracy"] <= 1 and metrics["entropy"] > 0
+    for name, run in results["runs"].items():
+        assert run["drift"]["total"] > 0 and run["drift"]["other"] == 0.0, name
+        parts = sum(run["drift"][k] ** 2 for k in ("embedding", "attention", "mlp", "norm", "other"))
+        assert run["drift"]["total"] == pytest.approx(parts ** 0.5)
+        assert run["heldout_entropy"][0][0] == 0 and len(run["reward"]) == run["steps"]
+    summary = results["summary"]
+    assert summary["grpo"]["pass@1"]["mean"] == results["runs"]["grpo-seed0"]["eval"]["pass@1"]
+    assert summary["grpo"]["pass@1"]["std"] == 0.0 and summary["grpo"]["pass@1"]["n"] == 1
+
+
+def test_sparsity_ends_are_the_start_and_the_trained_model(quick):
+    _, results, _ = quick
+    assert sorted(results["sparsity"]) == ["es-seed0", "grpo-seed0"]
+    es, grpo = results["sparsity"]["es-seed0"], results["sparsity"]["grpo-seed0"]
+    assert list(es) == ["0.0", "0.01", "0.05", "0.1", "0.5", "1.0"]
+    # Keeping nothing gives the start model exactly: the same evaluation for both methods.
+    for metric in ("pass@1", "greedy_accuracy"):
+        assert es["0.0"][metric] == grpo["0.0"][metric]
+    for points in (es, grpo):
+        assert all(0 <= p["pass@1"] <= 1 for p in points.values())
+        for metric in ("pass@1", "greedy_accuracy"):
+            kept = [points[keep][f"{metric}_gain_kept"] for keep in ("0.0", "1.0")]
+            assert kept in ([None, None], [0.0, 1.0])  # None: this metric did not improve
+
+
+def test_rescue_pairs_c3po_with_grpo_prompt_by_prompt(quick):
+    _, results, _ = quick
+    rescue = results["rescue"]["seed0"]
+    grpo, c3po = results["runs"]["grpo-seed0"], results["runs"]["c3po-seed0"]
+    assert rescue["steps"] == min(grpo["steps"], c3po["steps"]) and rescue["prompts"] == 16 * rescue["steps"]
+    assert all(len(step) == 16 for step in grpo["groups_solved"])
+    assert 0 <= rescue["rescued"] <= rescue["baseline_failed"] <= rescue["prompts"]
+    assert 0 <= rescue["lost"] <= rescue["prompts"] - rescue["baseline_failed"]
+
+
+def test_user_errors(quick, tmp_path):
+    out, _, _ = quick
+    with pytest.raises(UserError, match="already exists"):
+        reproduce.main(["--quick", "--out", str(out)])
+    with pytest.raises(UserError, match="--seeds"):
+        reproduce.main(["--quick", "--seeds", "0", "--out", str(tmp_path)])
