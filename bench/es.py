@@ -10,16 +10,16 @@ Every number is measured in this one run, side by side, and printed as ratios:
 2. efficiency: generated tokens/s of an ES step over tokens/s of plain batched generation of the same
    N·P rows in the same chunks (the limit ES can approach), for both modes; members/s of both modes;
 3. memory: peak of an ES step (and of a GRPO step) over the peak of plain generation, each measured in
-   a fresh subprocess (CUDA: max allocated on the device; CPU: peak resident set of the process, which
-   also holds the fp32 master copies and θ0 that in-place ES keeps in host memory);
+   a fresh subprocess (CUDA: max allocated on the device; CPU: the peak resident set while the workload
+   runs, which includes the fp32 master copies and θ0 that ES keeps in host memory);
 4. torchrun: an ES step with 2 processes of 1 thread each against 1 process of 2 threads.
 """
 import argparse
 import json
 import os
-import resource
 import subprocess
 import sys
+import threading
 import time
 
 import numpy as np
@@ -60,7 +60,7 @@ def build(args):
 
 def es_config(args, mode):
     return ESConfig(population=args.population, prompts_per_step=args.prompts, mode=mode,
-                    micro_batch=args.micro_batch)
+                    micro_batch=args.micro_batch, params=args.params)
 
 
 def sync(model):
@@ -68,12 +68,16 @@ def sync(model):
         torch.cuda.synchronize()
 
 
-def timed(fn, model):
-    sync(model)
-    start = time.perf_counter()
-    out = fn()
-    sync(model)
-    return time.perf_counter() - start, out
+def timed(fn, model, repeats=1):
+    """(seconds, result) of fn(): the fastest of `repeats` calls, the least disturbed by other work."""
+    best = None
+    for _ in range(repeats):
+        sync(model)
+        start = time.perf_counter()
+        out = fn()
+        sync(model)
+        best = min(best or float("inf"), time.perf_counter() - start)
+    return best, out
 
 
 def speed(args):
@@ -87,25 +91,27 @@ def speed(args):
     # The limit: plain generation of the same N·P rows, in the chunks lowrank ES uses.
     chunk = max(1, args.micro_batch // args.prompts) * args.prompts
     timed(lambda: generate(model, tok, rows[:chunk], task.max_new_tokens, greedy=True, micro_batch=chunk), model)
-    plain_s, plain = timed(lambda: generate(model, tok, rows, task.max_new_tokens, greedy=True, micro_batch=chunk), model)
+    plain_s, plain = timed(lambda: generate(model, tok, rows, task.max_new_tokens, greedy=True, micro_batch=chunk),
+                           model, args.repeats)
     plain_tps = int(plain.lengths.sum()) / plain_s
     result = {"plain_tokens_per_s": plain_tps}
 
     for mode in ("inplace", "lowrank"):
         es = ES(model, tok, task, es_config(args, mode))
-        step_s, stats = timed(lambda: es.step(problems, seed=0), model)
+        step_s, stats = timed(lambda: es.step(problems, seed=0), model, args.repeats)
         result[mode] = {"step_s": step_s, "members_per_s": args.population / step_s,
                         "tokens_per_s": stats["tokens"] / step_s, "efficiency": stats["tokens"] / step_s / plain_tps}
-        if mode == "inplace":  # time the work that plain generation does not do
+        if mode == "inplace":  # the work plain generation does not do, against the work it does
             members = member_seeds(0, args.population, True)
             write_s, _ = timed(lambda: [t.perturbed(*m, es.cfg.sigma) for m in members for t in es.tensors]
-                               + [t.clean() for t in es.tensors], model)
+                               + [t.clean() for t in es.tensors], model, args.repeats)
+            score_s, _ = timed(lambda: [es.score(problems, seed=0) for _ in members], model, args.repeats)
             rewards = np.linspace(0, 1, args.population)
             es.score_members = lambda members, mine, problems, seed: (
                 (n, np.full(len(problems), rewards[n]), 0, ["0"] * len(problems)) for n in mine)
-            update_s, _ = timed(lambda: es.step(problems, seed=0), model)
-            result[mode]["overhead"] = (write_s + update_s) / (step_s - write_s - update_s)
-            result[mode]["write_s"], result[mode]["update_s"] = write_s, update_s
+            update_s, _ = timed(lambda: es.step(problems, seed=0), model, args.repeats)
+            result[mode].update(overhead=(write_s + update_s) / score_s, write_s=write_s, update_s=update_s,
+                                score_s=score_s)
         for t in es.tensors:  # undo this mode's step before measuring the next one
             t.master.copy_(es.theta0[es.tensors.index(t)])
             t.clean()
@@ -114,9 +120,33 @@ def speed(args):
     return result
 
 
+def resident_mib():
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+
+
 def memory_probe(args, what):
-    """Peak memory of one workload, run in this (fresh) process."""
+    """Peak memory of one workload, run in this (fresh) process. On CPU the resident set is sampled
+    every 5 ms while the workload runs: the process's own high-water mark would be set by loading."""
     model, tok = build(args)
+    peak = [resident_mib()]
+    running = threading.Event()
+    running.set()
+
+    def sample():
+        while running.is_set():
+            peak[0] = max(peak[0], resident_mib())
+            time.sleep(0.005)
+
+    sampler = threading.Thread(target=sample)
+    sampler.start()
+    gpu_mib = workload(args, what, model, tok)
+    running.clear()
+    sampler.join()
+    return peak[0] if gpu_mib is None else gpu_mib
+
+
+def workload(args, what, model, tok):
     task = Arithmetic()
     task.max_new_tokens = args.new_tokens
     problems = task.train_problems(args.prompts, seed=1)
@@ -134,9 +164,7 @@ def memory_probe(args, what):
         GRPO(model, tok, task, GRPOConfig(prompts=args.prompts // 8 or 1)).step(problems[:args.prompts // 8 or 1], 0)
     else:
         ES(model, tok, task, es_config(args, what)).step(problems, seed=0)
-    if cuda:
-        return torch.cuda.max_memory_allocated() / 2**20
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**10  # KiB on Linux
+    return torch.cuda.max_memory_allocated() / 2**20 if cuda else None
 
 
 def probe(args, what, extra=(), env=None, launcher=None):
@@ -150,7 +178,7 @@ def probe(args, what, extra=(), env=None, launcher=None):
 def passthrough(args):
     flags = ["--model", args.model, "--dtype", args.dtype, "--population", str(args.population),
              "--prompts", str(args.prompts), "--micro-batch", str(args.micro_batch),
-             "--new-tokens", str(args.new_tokens), "--scratch", args.scratch]
+             "--new-tokens", str(args.new_tokens), "--repeats", str(args.repeats), "--scratch", args.scratch, "--params", args.params]
     return flags + (["--load-in-8bit"] if args.load_in_8bit else [])
 
 
@@ -165,7 +193,7 @@ def step_time(args):
     problems = task.train_problems(args.prompts, seed=1)
     es.step(problems, seed=0)
     distributed.barrier()
-    seconds, _ = timed(lambda: es.step(problems, seed=1), model)
+    seconds, _ = timed(lambda: es.step(problems, seed=1), model, args.repeats)
     distributed.close()
     return seconds if distributed.is_main() else None
 
@@ -179,6 +207,8 @@ def main():
     p.add_argument("--prompts", type=int, default=256, help="prompts per member (P)")
     p.add_argument("--micro-batch", type=int, default=1024, help="rows per generate call (lowrank: whole members)")
     p.add_argument("--new-tokens", type=int, default=10, help="max new tokens per row")
+    p.add_argument("--params", default=".*", help="regex of the perturbed parameters (default: all of them)")
+    p.add_argument("--repeats", type=int, default=3, help="time each measurement this many times, keep the fastest")
     p.add_argument("--skip-torchrun", action="store_true", help="skip the 2-process measurement")
     p.add_argument("--scratch", default="/tmp/minies-bench", help="where the 8-bit random model is saved")
     p.add_argument("--probe", help=argparse.SUPPRESS)  # internal: one measurement in a fresh process
@@ -192,15 +222,15 @@ def main():
 
     device = torch.cuda.get_device_name() if torch.cuda.is_available() else f"CPU, {torch.get_num_threads()} threads"
     print(f"# bench.es: {args.model} {args.dtype}{' 8-bit' if args.load_in_8bit else ''}, N={args.population}, "
-          f"P={args.prompts}, {args.new_tokens} new tokens, on {device}")
+          f"P={args.prompts}, {args.new_tokens} new tokens, --params {args.params!r}, on {device}")
     r = speed(args)
     ip, lr = r["inplace"], r["lowrank"]
     print(f"plain generation             {r['plain_tokens_per_s']:9.0f} tokens/s")
     for name, m in (("in-place", ip), ("lowrank", lr)):
         print(f"ES {name:9s} step {m['step_s']:7.2f} s  {m['members_per_s']:6.2f} members/s  "
               f"{m['tokens_per_s']:9.0f} tokens/s  efficiency {m['efficiency']:.2f}")
-    print(f"in-place overhead (write {ip['write_s']:.2f} s + update {ip['update_s']:.2f} s) / scoring: "
-          f"{100 * ip['overhead']:.1f}%")
+    print(f"in-place overhead (write {ip['write_s']:.2f} s + update {ip['update_s']:.2f} s) / scoring "
+          f"{ip['score_s']:.2f} s: {100 * ip['overhead']:.1f}%")
     print(f"lowrank / in-place members per second: {lr['members_per_s'] / ip['members_per_s']:.2f}x")
 
     unit = "MiB allocated on the GPU" if torch.cuda.is_available() else "MiB peak RSS"

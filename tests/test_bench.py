@@ -9,7 +9,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 def test_bench_es_prints_every_ratio(tmp_path):
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    out = subprocess.run([sys.executable, "-m", "bench.es", "--population", "4", "--prompts", "8", "--new-tokens", "4",
+    out = subprocess.run([sys.executable, "-m", "bench.es", "--population", "4", "--prompts", "8", "--new-tokens", "4", "--repeats", "1",
                           "--skip-torchrun", "--scratch", str(tmp_path)], cwd=ROOT, capture_output=True, text=True,
                          env=env, timeout=600)
     assert out.returncode == 0, out.stderr[-2000:]
