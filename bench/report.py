@@ -5,11 +5,11 @@ the plots are skipped with one line saying so, and results.json and results.md a
 """
 import os
 
-ORDER = ("start", "es", "grpo", "c3po", "grpo-es", "es-grpo")
-LABELS = {"start": "start model", "es": "ES", "grpo": "GRPO", "c3po": "C3PO", "grpo-es": "GRPO→ES",
-          "es-grpo": "ES→GRPO"}
-COLORS = {"start": "black", "es": "tab:green", "grpo": "tab:red", "c3po": "tab:blue", "grpo-es": "tab:orange",
-          "es-grpo": "tab:purple"}
+ORDER = ("start", "es", "grpo", "grpo-hot", "c3po", "grpo-es", "es-grpo")
+LABELS = {"start": "start model", "es": "ES", "grpo": "GRPO", "grpo-hot": "GRPO-hot", "c3po": "C3PO",
+          "grpo-es": "GRPO→ES", "es-grpo": "ES→GRPO"}
+COLORS = {"start": "black", "es": "tab:green", "grpo": "tab:red", "grpo-hot": "tab:brown", "c3po": "tab:blue",
+          "grpo-es": "tab:orange", "es-grpo": "tab:purple"}
 
 
 def fmt(stat, percent=False, digits=3):
@@ -39,6 +39,8 @@ def write_markdown(results, path):
              f"temperature 1 (pass@k, unbiased estimator), plus greedy decoding. Mean ± sample std over seeds; "
              f"rates in %. Wall time {results['seconds'] / 60:.1f} min "
              f"(estimated {results['estimated_seconds'] / 60:.0f}).",
+             *([f"GRPO-hot is GRPO sampling its training rollouts at temperature {cfg['hot_temperature']:g}; its "
+                "evaluations are at temperature 1 like every other run's."] if "hot_temperature" in cfg else []),
              "", "## Final models", ""]
     rows = [[LABELS[m], fmt(summary[m].get("tokens"), digits=0), fmt(summary[m].get("steps"), digits=0),
              *[fmt(summary[m].get(f"pass@{k}"), True) for k in ks], fmt(summary[m]["greedy_accuracy"], True),
@@ -62,13 +64,30 @@ def write_markdown(results, path):
     lines += table(["method", *kinds], [[LABELS[m], *[fmt(summary[m].get(f"drift_{k}")) for k in kinds]]
                                         for m in methods if m != "start"])
 
-    lines += ["", "## Zero-advantage rescue, C3PO against GRPO", "",
-              "Same seed, hence the same prompts at every step; a prompt is rescued when C3PO's group had a correct "
-              "completion and GRPO's whole group failed, lost in the reverse case "
-              "(`minies.analysis.rescue_counts`).", ""]
-    lines += table(["seed", "paired steps", "prompts", "GRPO group all wrong", "rescued", "lost"],
-                   [[seed, *(str(r[k]) for k in ("steps", "prompts", "baseline_failed", "rescued", "lost"))]
-                    for seed, r in results["rescue"].items()])
+    fractions = [k[len("malformed_at"):] for k in summary.get("grpo", {}) if k.startswith("malformed_at")]
+    if fractions:
+        lines += ["", "## Malformed rate over training", "",
+                  f"Held-out malformed rate from train.py's evaluations during training ({cfg['eval_problems']} "
+                  "problems × 4 samples at temperature 1, its before and after evaluations included) at a share of "
+                  "the token budget, interpolated linearly between evaluations; and the malformed rate of the "
+                  "training rollouts themselves over the last 10% of the budget (GRPO and C3PO stages only, each at "
+                  "its own sampling temperature).", ""]
+        lines += table(["method", *[f"{float(f) * 100:g}% of budget" for f in fractions], "rollouts, last 10%"],
+                       [[LABELS[m], *[fmt(summary[m].get(f"malformed_at{f}"), True) for f in fractions],
+                         fmt(summary[m].get("train_malformed_last"), True)] for m in methods if m != "start"])
+
+    rescue = results["rescue"]
+    if any("steps" in r for r in rescue.values()):  # written before GRPO-hot: {seed: C3PO against GRPO}
+        rescue = {"c3po-vs-grpo": rescue}
+    lines += ["", "## Zero-advantage rescue", "",
+              "A method against a baseline on the same seed, hence the same prompts at every step: a prompt is "
+              "rescued when the method's group had a correct completion and the baseline's whole group failed, "
+              "lost in the reverse case (`minies.analysis.rescue_counts`).", ""]
+    lines += table(["method", "baseline", "seed", "paired steps", "prompts", "baseline group all wrong", "rescued",
+                    "lost"],
+                   [[*(LABELS[m] for m in pair.split("-vs-")), seed,
+                     *(str(r[k]) for k in ("steps", "prompts", "baseline_failed", "rescued", "lost"))]
+                    for pair, seeds in rescue.items() for seed, r in seeds.items()])
 
     lines += ["", "## ES population diversity", ""]
     diversity = summary.get("es", {}).get("js_diversity_last")
@@ -107,16 +126,21 @@ def plot(results, out):
     ax.set_xscale("log", base=2)
     save(fig, ax, "pass_at_k.png", "held-out pass@k (mean ± std over seeds)", "k", "pass@k")
 
-    for key, name, title in (("heldout_entropy", "entropy.png", "held-out token entropy during training"),
-                             ("reward", "reward.png", "training reward (ES: mean over members, greedy)")):
+    # One line per run (seeds of a method share its color); runs without the series are left out.
+    for key, name, title, ylabel in (
+            ("heldout_entropy", "entropy.png", "held-out token entropy during training", "entropy (nats)"),
+            ("heldout_malformed", "malformed.png", "held-out malformed rate during training (temperature 1)",
+             "malformed rate"),
+            ("train_malformed", "train_malformed.png",
+             "training rollouts' malformed rate (own temperature)", "malformed rate"),
+            ("reward", "reward.png", "training reward (ES: mean over members, greedy)", "reward")):
         fig, ax = plt.subplots(figsize=(6, 4))
         labelled = set()
-        for run in runs.values():
-            xs, ys = zip(*run[key]) if run[key] else ((), ())
-            ax.plot(xs, ys, color=COLORS[run["method"]], lw=1, alpha=0.8,
+        for run in (r for r in runs.values() if r.get(key)):
+            ax.plot(*zip(*run[key]), color=COLORS[run["method"]], lw=1, alpha=0.8,
                     label=None if run["method"] in labelled else LABELS[run["method"]])
             labelled.add(run["method"])
-        save(fig, ax, name, title, "generated training tokens", "entropy (nats)" if key != "reward" else "reward")
+        save(fig, ax, name, title, "generated training tokens", ylabel)
 
     es_runs = [(n, r) for n, r in runs.items() if r["method"] == "es" and r["js_diversity"]]
     if es_runs:

@@ -1,15 +1,18 @@
 """Reproduce the founding papers' findings on the shipped model (issue #7, PAPERS.md section 1).
 
     python -m bench.reproduce --quick            # a smoke run of every stage: under a minute on one core
-    python -m bench.reproduce --out results      # the full run: estimated 50 minutes on 2 cores, plan printed first
+    python -m bench.reproduce --out results      # the full run: ~35-40 min on 2 cores (plan and estimate printed first)
 
-ES, GRPO and C3PO train for seeds 0..S-1 on an equal budget of generated tokens, and so do GRPO→ES and
-ES→GRPO (half the budget in each stage, the second starting from the first's final checkpoint). Then
-every final model and the start model are evaluated on held-out problems with n samples each (pass@k
-curves), the ES and GRPO updates are sparsified (how much of the gain do the largest 1-50% of the
-updated entries keep?), drift is measured per layer type, and entropy, reward, ES population diversity
-and C3PO's zero-advantage rescue against GRPO are read from the runs' logs. Writes <out>/results.json,
-<out>/results.md and PNG plots (bench/report.py); the runs themselves stay in <out>/runs.
+ES, GRPO, GRPO-hot (GRPO sampling its training rollouts at --hot-temperature, 1.2) and C3PO train for
+seeds 0..S-1 on an equal budget of generated tokens, and so do GRPO→ES and ES→GRPO (half the budget in
+each stage, the second starting from the first's final checkpoint). Then every final model and the
+start model are evaluated on held-out problems with n samples each at temperature 1, GRPO-hot's too
+(pass@k curves), the ES and GRPO updates are sparsified (how much of the gain do the largest 1-50% of
+the updated entries keep?), drift is measured per layer type, and entropy, malformed rate, reward, ES
+population diversity and the zero-advantage rescue of C3PO against GRPO and against GRPO-hot (and of
+GRPO-hot against GRPO: does sampling hotter do what C3PO does?) are read from the runs' logs. Writes
+<out>/results.json, <out>/results.md and PNG plots (bench/report.py); the runs themselves stay in
+<out>/runs.
 
 Equal token budget. Every run generates --tokens training tokens, as counted by train.py's log (all
 completion tokens sampled for training; evaluations excluded). Steps are whole and differ in cost per
@@ -44,16 +47,20 @@ from minies.grpo import GRPOConfig
 from minies.models import SHIPPED_MODEL, load_model, load_tokenizer
 from minies.tasks import DEFAULT_TASK, get_task
 
-METHODS = ("es", "grpo", "c3po")
+METHODS = ("es", "grpo", "grpo-hot", "c3po")  # single-method runs; grpo-hot: GRPO at --hot-temperature
 SEQUENTIAL = (("grpo", "es"), ("es", "grpo"))
 KEEP_FRACTIONS = (0.0, 0.01, 0.05, 0.10, 0.50, 1.0)  # 0 is the start model and 1 the trained one, exactly
-HELDOUT_SAMPLES = 4  # samples per problem of train.py's evaluations during training (the entropy series)
+HELDOUT_SAMPLES = 4  # samples per problem of train.py's evaluations during training (entropy, malformed series)
+# (method, baseline) pairs of the zero-advantage rescue; the same seed gives both the same prompts.
+RESCUE_PAIRS = (("c3po", "grpo"), ("c3po", "grpo-hot"), ("grpo-hot", "grpo"))
+BUDGET_FRACTIONS = (0.0, 0.25, 0.5, 0.75, 1.0)  # where the summary reads the held-out malformed series
 
 # Planning constants, measured on the shipped model with one thread on a busy 2-core machine (load ~4):
 # a GRPO step 0.35 s and a C3PO step 0.7 s (up to 2 s under more load: planned at 2) at 16 prompts × 8;
 # one ES member's greedy scoring 0.055 s + 0.58 ms per prompt (2.35 s a step at 32 × 32, 6.5 s at
 # 32 × 256); an evaluation ~2 ms per sample (sampling, the entropy pass and greedy decoding together).
-GRPO_STEP_SECONDS = {"grpo": 0.35, "c3po": 2.0}
+# GRPO-hot is planned as GRPO (at temperature 1.5 the start model's completions were ~7% longer; less at 1.2).
+GRPO_STEP_SECONDS = {"grpo": 0.35, "grpo-hot": 0.35, "c3po": 2.0}
 ES_MEMBER_SECONDS, ES_PROMPT_SECONDS = 0.055, 0.00058
 EVAL_SAMPLE_SECONDS = 0.002
 
@@ -67,6 +74,9 @@ class ReproduceConfig:
     tokens: int = option(160_000, "generated training tokens per run, the same for every method")
     es_population: int = option(32, "ES members per step")
     es_prompts: int = option(32, "ES prompts per step (its tuned default is 256; see the module docstring)")
+    hot_temperature: float = option(1.2, "GRPO-hot's sampling temperature for its training rollouts (the "
+                                    "baseline that explores by sampling hotter; its held-out evaluations stay "
+                                    "at temperature 1, like every run's)")
     problems: int = option(300, "held-out problems for the final evaluations")
     samples: int = option(32, "samples per problem for the final pass@k curves")
     sparsity_samples: int = option(8, "samples per problem for pass@1 of the sparsified models")
@@ -91,14 +101,26 @@ def parse_args(argv):
            cfg.evals_per_run) < 1:
         raise UserError("--seeds, --tokens, --problems, --samples, --sparsity-samples, --eval-problems and "
                         "--evals-per-run must all be >= 1")
+    if not cfg.hot_temperature > 0:
+        raise UserError(f"--hot-temperature must be > 0, got {cfg.hot_temperature}")
     return cfg
+
+
+def algo_flags(cfg, method):
+    """train.py's flags for a stage of `method`: its --algo, and ES's population and prompts per step or
+    GRPO-hot's temperature; everything else is train.py's default."""
+    if method == "es":
+        return ["--algo", "es", "--population", cfg.es_population, "--prompts-per-step", cfg.es_prompts]
+    if method == "grpo-hot":
+        return ["--algo", "grpo", "--temperature", cfg.hot_temperature]
+    return ["--algo", method]
 
 
 def rollouts_per_step(cfg, method):
     if method == "es":
         return cfg.es_population * cfg.es_prompts
     grpo = GRPOConfig()
-    return grpo.prompts * grpo.group_size  # train.py's defaults, for GRPO and C3PO alike
+    return grpo.prompts * grpo.group_size  # train.py's defaults, for GRPO, GRPO-hot and C3PO alike
 
 
 def step_seconds(cfg, method):
@@ -153,12 +175,10 @@ def read_log(run_dir):
 
 def train_stage(cfg, runs_dir, stage, model):
     """Train one stage to its token budget (module docstring) from `model`; returns its run directory."""
-    flags = ["--algo", stage.method, "--model", model, "--seed", stage.seed, "--out", runs_dir,
+    flags = algo_flags(cfg, stage.method) + ["--model", model, "--seed", stage.seed, "--out", runs_dir,
              "--run-name", stage.name, "--save-every", 10**9, "--eval-every", max(1, stage.steps // cfg.evals_per_run),
              "--eval-problems", cfg.eval_problems, "--eval-samples", HELDOUT_SAMPLES,
              "--final-samples", HELDOUT_SAMPLES]
-    if stage.method == "es":
-        flags += ["--population", cfg.es_population, "--prompts-per-step", cfg.es_prompts]
     steps = max(1, int(0.9 * stage.steps))
     train.main([str(f) for f in flags + ["--steps", steps]])
     run_dir = os.path.join(runs_dir, stage.name)
@@ -178,12 +198,18 @@ def stage_record(run_dir, tokens_before):
     def series(key):
         return [[tokens_before + r["tokens"], r[key]] for r in rows if key in r]
 
-    entropy = series("heldout_entropy") + [[tokens_before + rows[-1]["tokens"], summary["after"]["entropy"]]]
-    if tokens_before == 0:  # a second stage's "before" is its first stage's "after"
-        entropy.insert(0, [0, summary["before"]["entropy"]])
+    def heldout_series(key, summary_key):
+        """train.py's evaluations during training, with its before and after evaluations at the ends."""
+        points = series(key) + [[tokens_before + rows[-1]["tokens"], summary["after"][summary_key]]]
+        if tokens_before == 0:  # a second stage's "before" is its first stage's "after"
+            points.insert(0, [0, summary["before"][summary_key]])
+        return points
+
     return {"steps": rows[-1]["step"], "tokens": rows[-1]["tokens"], "reward": series("reward_mean"),
-            "heldout_entropy": entropy, "js_diversity": [[r["step"], r["js_diversity"]] for r in rows
-                                                         if "js_diversity" in r],
+            "heldout_entropy": heldout_series("heldout_entropy", "entropy"),
+            "heldout_malformed": heldout_series("heldout_malformed", "malformed_rate"),
+            "train_malformed": series("malformed"),  # GRPO and C3PO's training rollouts, at their temperature
+            "js_diversity": [[r["step"], r["js_diversity"]] for r in rows if "js_diversity" in r],
             "groups_solved": [r["groups_solved"] for r in rows if "groups_solved" in r]}
 
 
@@ -224,6 +250,9 @@ def gain_kept(value, start, full):
     return (value - start) / (full - start) if full > start else None
 
 
+SERIES = ("reward", "heldout_entropy", "heldout_malformed", "train_malformed", "js_diversity", "groups_solved")
+
+
 def train_all(cfg, stages, runs_dir):
     """Run every stage; returns {run: record} with the run's totals, series and final checkpoint."""
     run_dirs, runs = {}, {}
@@ -232,11 +261,10 @@ def train_all(cfg, stages, runs_dir):
         began = time.time()
         run_dirs[stage.name] = train_stage(cfg, runs_dir, stage, model)
         run = runs.setdefault(stage.run, {"method": stage.label, "seed": stage.seed, "stages": [], "tokens": 0,
-                                          "steps": 0, "seconds": 0.0, "reward": [], "heldout_entropy": [],
-                                          "js_diversity": [], "groups_solved": []})
+                                          "steps": 0, "seconds": 0.0, **{key: [] for key in SERIES}})
         record = stage_record(run_dirs[stage.name], run["tokens"])
         run["stages"].append({"method": stage.method, "steps": record["steps"], "tokens": record["tokens"]})
-        for key in ("reward", "heldout_entropy", "js_diversity", "groups_solved"):
+        for key in SERIES:
             run[key] += record[key]
         run["tokens"] += record["tokens"]
         run["steps"] += record["steps"]
@@ -257,11 +285,12 @@ def sparsity_ablation(cfg, tok, theta0, run):
             for keep, m in points.items()}
 
 
-def rescue(c3po, grpo):
-    """C3PO's zero-advantage rescue against GRPO from their logged groups_solved, step by step over the
-    steps both runs took (the same --seed gives both the same prompts at every step)."""
-    paired = min(len(c3po["groups_solved"]), len(grpo["groups_solved"]))
-    method, baseline = ([x for step in run["groups_solved"][:paired] for x in step] for run in (c3po, grpo))
+def rescue(method_run, baseline_run):
+    """A method's zero-advantage rescue against a baseline from their logged groups_solved, step by step
+    over the steps both runs took (the same --seed gives both the same prompts at every step)."""
+    paired = min(len(method_run["groups_solved"]), len(baseline_run["groups_solved"]))
+    method, baseline = ([x for step in run["groups_solved"][:paired] for x in step]
+                        for run in (method_run, baseline_run))
     rescued, lost = rescue_counts(method, baseline)
     return {"steps": paired, "prompts": len(baseline), "rescued": rescued, "lost": lost,
             "baseline_failed": baseline.count(0)}
@@ -294,8 +323,8 @@ def main(argv=None):
 
     results = {"config": dataclasses.asdict(cfg), "estimated_seconds": estimate,
                "start": {f"seed{seed}": m for seed, m in start.items()}, "runs": runs, "sparsity": sparsity,
-               "rescue": {f"seed{seed}": rescue(runs[f"c3po-seed{seed}"], runs[f"grpo-seed{seed}"])
-                          for seed in range(cfg.seeds)},
+               "rescue": {f"{m}-vs-{b}": {f"seed{seed}": rescue(runs[f"{m}-seed{seed}"], runs[f"{b}-seed{seed}"])
+                                          for seed in range(cfg.seeds)} for m, b in RESCUE_PAIRS},
                "summary": summarize(start, runs, sparsity), "seconds": time.time() - wall}
     os.makedirs(cfg.out, exist_ok=True)
     with open(os.path.join(cfg.out, "results.json"), "w") as f:
@@ -306,14 +335,26 @@ def main(argv=None):
           f"(estimated {estimate / 60:.0f} min)")
 
 
+def malformed_over_training(run):
+    """The held-out malformed rate at BUDGET_FRACTIONS of the run's tokens (keys "malformed_at<fraction>"),
+    linearly interpolated between train.py's evaluations, and the training rollouts' mean malformed rate
+    over the last 10% of the budget ("train_malformed_last"; only where the run's end logged one)."""
+    tokens, rates = zip(*run["heldout_malformed"])
+    row = {f"malformed_at{f}": float(np.interp(f * run["tokens"], tokens, rates)) for f in BUDGET_FRACTIONS}
+    last = [rate for t, rate in run["train_malformed"] if t >= 0.9 * run["tokens"]]
+    if last:
+        row["train_malformed_last"] = float(np.mean(last))
+    return row
+
+
 def summarize(start, runs, sparsity):
-    """{method: {metric: mean ± std over seeds}} of the final evaluations, tokens, steps, drift, the last
-    logged ES diversity and the sparsified models' metrics (keys "sparse<keep>_<metric>"); the start
-    model is the method "start"."""
+    """{method: {metric: mean ± std over seeds}} of the final evaluations, tokens, steps, drift, the
+    malformed rate over training, the last logged ES diversity and the sparsified models' metrics (keys
+    "sparse<keep>_<metric>"); the start model is the method "start"."""
     rows = {"start": list(start.values())}
     for name, run in runs.items():
         row = {**run["eval"], "tokens": run["tokens"], "steps": run["steps"], "seconds": run["seconds"],
-               **{f"drift_{kind}": value for kind, value in run["drift"].items()}}
+               **{f"drift_{kind}": value for kind, value in run["drift"].items()}, **malformed_over_training(run)}
         if run["js_diversity"]:
             row["js_diversity_last"] = run["js_diversity"][-1][1]
         for keep, metrics in sparsity.get(name, {}).items():

@@ -202,7 +202,8 @@ class ES:
             "fitness_snr": float(rewards.std() / max(errors.mean(), 1e-12)),
             "all_tied": bool(not z.any()),
             # How differently the members answer, seen through the verifier (0: all alike, 1: all differ).
-            "js_diversity": js_diversity([[[outcomes[n][j]] for j in range(len(problems))] for n in sorted(outcomes)]),
+            "js_diversity": js_diversity([[[outcomes[n][j]] for j in range(len(problems))] for n in sorted(outcomes)])
+            if len(outcomes) > 1 else 0.0,
             "update_norm": update_sq ** 0.5, "drift": drift_sq ** 0.5,
             "seconds_per_member": member_seconds,
             "tokens_per_second": float(tokens.item()) / max(time.time() - start, 1e-9),  # all ranks together

@@ -10,7 +10,8 @@ from bench import reproduce
 from conftest import single_thread
 from minies import UserError
 
-RUNS = ("es-seed0", "grpo-seed0", "c3po-seed0", "grpo-es-seed0", "es-grpo-seed0")
+RUNS = ("es-seed0", "grpo-seed0", "grpo-hot-seed0", "c3po-seed0", "grpo-es-seed0", "es-grpo-seed0")
+SEQUENTIAL = ("grpo-es-seed0", "es-grpo-seed0")
 
 
 @pytest.fixture(scope="module")
@@ -29,12 +30,35 @@ def test_results_have_every_part(quick):
     assert parts <= results.keys()
     assert results["config"]["quick"] and results["config"]["tokens"] == reproduce.QUICK["tokens"]
     assert sorted(results["runs"]) == sorted(RUNS)
-    assert set(results["summary"]) == {"start", "es", "grpo", "c3po", "grpo-es", "es-grpo"}
-    assert "plan:" in printed and "estimated total" in printed
+    assert set(results["summary"]) == {"start", "es", "grpo", "grpo-hot", "c3po", "grpo-es", "es-grpo"}
+    assert "plan:" in printed and "estimated total" in printed and "grpo-hot-seed0" in printed
     markdown = (out / "results.md").read_text()
     assert "| GRPO→ES |" in markdown and "## Functional sparsity" in markdown
-    plots = sorted(p.name for p in out.glob("*.png"))
-    assert plots == ["entropy.png", "pass_at_k.png", "reward.png", "sparsity.png"] or "plots skipped" in printed
+    assert "## Malformed rate over training" in markdown and "| GRPO-hot |" in markdown
+    assert "| C3PO | GRPO-hot | seed0 |" in markdown and "| GRPO-hot | GRPO | seed0 |" in markdown
+    plots = {p.name for p in out.glob("*.png")}
+    expected = {"entropy.png", "malformed.png", "pass_at_k.png", "reward.png", "sparsity.png", "train_malformed.png"}
+    if results["runs"]["es-seed0"]["js_diversity"]:
+        expected.add("es_diversity.png")
+    assert plots == expected or "plots skipped" in printed
+
+
+def test_grpo_hot_is_grpo_at_the_hot_temperature(quick):
+    out, results, _ = quick
+    hot = results["config"]["hot_temperature"]
+    assert hot == 1.2
+    configs = {name: json.loads((out / "runs" / name / "config.json").read_text()) for name in ("grpo-seed0",
+                                                                                                "grpo-hot-seed0")}
+    assert configs["grpo-hot-seed0"]["train"]["algo"] == "grpo"
+    assert configs["grpo-hot-seed0"]["grpo"]["temperature"] == hot and configs["grpo-seed0"]["grpo"]["temperature"] == 1
+    # Everything else as plain GRPO's: the same seed, prompts, evaluations and flags.
+    for section in ("train", "grpo"):
+        plain, hot_cfg = (dict(configs[n][section]) for n in ("grpo-seed0", "grpo-hot-seed0"))
+        for cfg in (plain, hot_cfg):
+            cfg.pop("temperature", None), cfg.pop("run_name", None), cfg.pop("steps", None)
+        assert plain == hot_cfg, section
+    assert results["runs"]["grpo-hot-seed0"]["method"] == "grpo-hot"
+    assert results["runs"]["grpo-hot-seed0"]["eval"]["n"] == results["config"]["samples"]
 
 
 def test_every_run_spends_the_same_token_budget(quick):
@@ -42,7 +66,7 @@ def test_every_run_spends_the_same_token_budget(quick):
     budget = results["config"]["tokens"]
     for name, run in results["runs"].items():
         stages = run["stages"]
-        assert len(stages) == (2 if name.count("-") == 2 else 1), name
+        assert len(stages) == (2 if name in SEQUENTIAL else 1), name
         for stage in stages:
             # Steps are whole: each stage ends within one step of its share of the budget.
             assert abs(stage["tokens"] - budget / len(stages)) <= stage["tokens"] / stage["steps"], (name, stage)
@@ -63,9 +87,23 @@ def test_final_evaluations_are_sane(quick):
         parts = sum(run["drift"][k] ** 2 for k in ("embedding", "attention", "mlp", "norm", "other"))
         assert run["drift"]["total"] == pytest.approx(parts ** 0.5)
         assert run["heldout_entropy"][0][0] == 0 and len(run["reward"]) == run["steps"]
+        # The malformed series: the same evaluations as the entropy series, from the start model to the end.
+        malformed = run["heldout_malformed"]
+        assert [t for t, _ in malformed] == [t for t, _ in run["heldout_entropy"]], name
+        assert malformed[0][0] == 0 and malformed[-1][0] == run["tokens"] and len(malformed) >= 3, name
+        assert all(0 <= rate <= 1 for _, rate in malformed + run["train_malformed"]), name
+        grpo_steps = sum(s["steps"] for s in run["stages"] if s["method"] != "es")
+        assert len(run["train_malformed"]) == grpo_steps, name  # one per GRPO or C3PO step; ES logs none
+    # Every run starts from the same model and train.py evaluates it the same way before training.
+    assert len({run["heldout_malformed"][0][1] for run in results["runs"].values()}) == 1
     summary = results["summary"]
     assert summary["grpo"]["pass@1"]["mean"] == results["runs"]["grpo-seed0"]["eval"]["pass@1"]
     assert summary["grpo"]["pass@1"]["std"] == 0.0 and summary["grpo"]["pass@1"]["n"] == 1
+    for method, row in summary.items():
+        if method != "start":
+            assert row["malformed_at1.0"]["mean"] == results["runs"][f"{method}-seed0"]["heldout_malformed"][-1][1]
+            assert all(0 <= row[f"malformed_at{f}"]["mean"] <= 1 for f in reproduce.BUDGET_FRACTIONS)
+    assert "train_malformed_last" in summary["grpo-hot"] and "train_malformed_last" not in summary["es"]
 
 
 def test_sparsity_ends_are_the_start_and_the_trained_model(quick):
@@ -83,14 +121,18 @@ def test_sparsity_ends_are_the_start_and_the_trained_model(quick):
             assert kept in ([None, None], [0.0, 1.0])  # None: this metric did not improve
 
 
-def test_rescue_pairs_c3po_with_grpo_prompt_by_prompt(quick):
+def test_rescue_pairs_methods_with_their_baselines_prompt_by_prompt(quick):
     _, results, _ = quick
-    rescue = results["rescue"]["seed0"]
-    grpo, c3po = results["runs"]["grpo-seed0"], results["runs"]["c3po-seed0"]
-    assert rescue["steps"] == min(grpo["steps"], c3po["steps"]) and rescue["prompts"] == 16 * rescue["steps"]
-    assert all(len(step) == 16 for step in grpo["groups_solved"])
-    assert 0 <= rescue["rescued"] <= rescue["baseline_failed"] <= rescue["prompts"]
-    assert 0 <= rescue["lost"] <= rescue["prompts"] - rescue["baseline_failed"]
+    assert sorted(results["rescue"]) == ["c3po-vs-grpo", "c3po-vs-grpo-hot", "grpo-hot-vs-grpo"]
+    for pair, seeds in results["rescue"].items():
+        method, baseline = (results["runs"][f"{m}-seed0"] for m in pair.split("-vs-"))
+        rescue = seeds["seed0"]
+        assert rescue["steps"] == min(method["steps"], baseline["steps"]), pair
+        assert rescue["prompts"] == 16 * rescue["steps"], pair
+        assert all(len(step) == 16 for step in method["groups_solved"] + baseline["groups_solved"])
+        assert rescue["baseline_failed"] == sum(step.count(0) for step in baseline["groups_solved"][:rescue["steps"]])
+        assert 0 <= rescue["rescued"] <= rescue["baseline_failed"] <= rescue["prompts"]
+        assert 0 <= rescue["lost"] <= rescue["prompts"] - rescue["baseline_failed"]
 
 
 def test_user_errors(quick, tmp_path):
@@ -99,3 +141,5 @@ def test_user_errors(quick, tmp_path):
         reproduce.main(["--quick", "--out", str(out)])
     with pytest.raises(UserError, match="--seeds"):
         reproduce.main(["--quick", "--seeds", "0", "--out", str(tmp_path)])
+    with pytest.raises(UserError, match="--hot-temperature"):
+        reproduce.main(["--quick", "--hot-temperature", "0", "--out", str(tmp_path)])
