@@ -1,7 +1,7 @@
 """Evaluate a model on a task's held-out split: pass@k, greedy accuracy, malformed rate, entropy, length.
 
     python eval.py                                   # the shipped model on the default task
-    python eval.py --model out/es-arithmetic-seed0/step-000100 --n 32 --k 1 4 16 32 --out results.json
+    python eval.py --model out/es-arithmetic-seed0/step-000140 --n 32 --k 1 4 16 32 --out results.json
 """
 import argparse
 import json
