@@ -112,11 +112,9 @@ def speed(args):
             update_s, _ = timed(lambda: es.step(problems, seed=0), model, args.repeats)
             result[mode].update(overhead=(write_s + update_s) / score_s, write_s=write_s, update_s=update_s,
                                 score_s=score_s)
-        for t in es.tensors:  # undo this mode's step before measuring the next one
-            t.master.copy_(es.theta0[es.tensors.index(t)])
+        for t, t0 in zip(es.tensors, es.theta0):  # undo this mode's steps before measuring the next one
+            t.master.copy_(t0)
             t.clean()
-        if es.population:
-            es.population.active.clear()
     return result
 
 

@@ -22,17 +22,17 @@ _LAYER_PATTERNS = (("embedding", re.compile(r"embed|lm_head|\bwte\b|\bwpe\b")),
                    ("mlp", re.compile(r"mlp|feed_forward")))
 
 
-def answer_outcome(task, completion, problem):
+def answer_outcome(score, completion):
     """What the verifier sees in one completion, as a hashable label: "correct"; "malformed" (the task
     could extract no answer); or, for a wrong answer, the extracted answer text itself, so that two
     wrong completions count as the same outcome exactly when their answers read the same.
 
-    Correct and malformed come from task.score, so every task is judged by its own verifier. The wrong
+    `score` is the completion's task.score(completion, problem), computed once by the caller: correct
+    and malformed come from it, so every task is judged by its own verifier. The wrong
     answer's text is the content of the last <answer> tag, which arithmetic and countdown always have
     when they score a completion as well formed. gsm8k also accepts an untagged answer: then the label
     is the last \\boxed{} content, else the last number, which is where its verifier reads the answer.
     """
-    score = task.score(completion, problem)
     if score.correct:
         return "correct"
     if score.malformed:

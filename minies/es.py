@@ -159,9 +159,9 @@ class ES:
         prompts = format_prompts(self.tokenizer, [p.question for p in problems], self.chat_template)
         r = generate(self.model, self.tokenizer, prompts, self.task.max_new_tokens, self.cfg.temperature,
                      greedy=self.cfg.greedy, micro_batch=micro_batch or self.cfg.micro_batch, seed=seed)
-        rewards = np.array([s.reward for s in score_rollouts(self.task, problems, r.texts)])
-        outcomes = [answer_outcome(self.task, text, p) for text, p in zip(r.texts, problems)]
-        return rewards, int(r.lengths.sum()), outcomes
+        scores = score_rollouts(self.task, problems, r.texts)
+        outcomes = [answer_outcome(score, text) for score, text in zip(scores, r.texts)]
+        return np.array([s.reward for s in scores]), int(r.lengths.sum()), outcomes
 
     @torch.no_grad()
     def step(self, problems, seed):

@@ -13,6 +13,10 @@ from minies.tasks import GSM8K, Arithmetic, Countdown, Problem, SolvedProblem
 GSM8K_FILE = Path(__file__).parent / "data" / "gsm8k_test.jsonl"
 
 
+def outcome(task, completion, problem):
+    return answer_outcome(task.score(completion, problem), completion)
+
+
 @pytest.mark.parametrize("completion, expected", [
     ("<answer>105</answer>", "correct"),
     ("<answer>104</answer>", "104"),
@@ -22,23 +26,23 @@ GSM8K_FILE = Path(__file__).parent / "data" / "gsm8k_test.jsonl"
     ("", "malformed"),
 ])
 def test_answer_outcome_arithmetic(completion, expected):
-    assert answer_outcome(Arithmetic(test_size=1), completion, Problem("12+93", "105")) == expected
+    assert outcome(Arithmetic(test_size=1), completion, Problem("12+93", "105")) == expected
 
 
 def test_answer_outcome_countdown():
     task, problem = Countdown(test_size=1), SolvedProblem("Use 3 7 12 to make 33", "33", "3*7+12")
-    assert answer_outcome(task, "<answer>12+3*7</answer>", problem) == "correct"
-    assert answer_outcome(task, "<answer>3+7+12</answer>", problem) == "3+7+12"
-    assert answer_outcome(task, "<answer>3+</answer>", problem) == "malformed"
+    assert outcome(task, "<answer>12+3*7</answer>", problem) == "correct"
+    assert outcome(task, "<answer>3+7+12</answer>", problem) == "3+7+12"
+    assert outcome(task, "<answer>3+</answer>", problem) == "malformed"
 
 
 def test_answer_outcome_gsm8k_reads_where_its_verifier_reads():
     task, problem = GSM8K(data=GSM8K_FILE, test_size=1), SolvedProblem("q", "18", "... #### 18")
-    assert answer_outcome(task, "so <answer>18</answer>", problem) == "correct"
-    assert answer_outcome(task, "so <answer>17</answer>", problem) == "17"
-    assert answer_outcome(task, "it is \\boxed{1,700} dollars", problem) == "1,700"  # no tag: the last \boxed{}
-    assert answer_outcome(task, "3 eggs, then 16-3-4=9 left", problem) == "9"  # no tag, no box: the last number
-    assert answer_outcome(task, "no idea", problem) == "malformed"
+    assert outcome(task, "so <answer>18</answer>", problem) == "correct"
+    assert outcome(task, "so <answer>17</answer>", problem) == "17"
+    assert outcome(task, "it is \\boxed{1,700} dollars", problem) == "1,700"  # no tag: the last \boxed{}
+    assert outcome(task, "3 eggs, then 16-3-4=9 left", problem) == "9"  # no tag, no box: the last number
+    assert outcome(task, "no idea", problem) == "malformed"
 
 
 def test_js_diversity_of_identical_members_is_zero():
