@@ -105,9 +105,10 @@ def speed(args):
             members = member_seeds(0, args.population, True)
             write_s, _ = timed(lambda: [t.perturbed(*m, es.cfg.sigma) for m in members for t in es.tensors]
                                + [t.clean() for t in es.tensors], model, args.repeats)
-            score_s, _ = timed(lambda: [es.score(problems, seed=0) for _ in members], model, args.repeats)
+            prompts = es.format(problems)
+            score_s, _ = timed(lambda: [es.score(problems, prompts, seed=0) for _ in members], model, args.repeats)
             rewards = np.linspace(0, 1, args.population)
-            es.score_members = lambda members, mine, problems, seed: (
+            es.score_members = lambda members, mine, problems, prompts, seed: (
                 (n, np.full(len(problems), rewards[n]), 0, ["0"] * len(problems)) for n in mine)
             update_s, _ = timed(lambda: es.step(problems, seed=0), model, args.repeats)
             result[mode].update(overhead=(write_s + update_s) / score_s, write_s=write_s, update_s=update_s,

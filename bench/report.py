@@ -8,8 +8,26 @@ import os
 ORDER = ("start", "es", "grpo", "grpo-hot", "c3po", "grpo-es", "es-grpo")
 LABELS = {"start": "start model", "es": "ES", "grpo": "GRPO", "grpo-hot": "GRPO-hot", "c3po": "C3PO",
           "grpo-es": "GRPO→ES", "es-grpo": "ES→GRPO"}
+SWEEP_COLORS = ("tab:olive", "tab:cyan", "darkgreen", "tab:pink", "tab:gray")  # ES at other σ, by σ
 COLORS = {"start": "black", "es": "tab:green", "grpo": "tab:red", "grpo-hot": "tab:brown", "c3po": "tab:blue",
           "grpo-es": "tab:orange", "es-grpo": "tab:purple"}
+
+
+def ordered(methods):
+    """The methods in ORDER, ES's runs at other σ ("es-sigma<σ>", by σ) right after ES."""
+    sweeps = sorted((m for m in methods if m.startswith("es-sigma")), key=lambda m: float(m[len("es-sigma"):]))
+    known = [m for m in ORDER if m in methods]
+    after_es = known.index("es") + 1 if "es" in known else len(known)
+    return known[:after_es] + sweeps + known[after_es:]
+
+
+def label(method):
+    return LABELS.get(method) or f"ES σ={method[len('es-sigma'):]}"
+
+
+def colors(methods):
+    sweeps = [m for m in ordered(methods) if m.startswith("es-sigma")]
+    return {**COLORS, **{m: SWEEP_COLORS[i % len(SWEEP_COLORS)] for i, m in enumerate(sweeps)}}
 
 
 def fmt(stat, percent=False, digits=3):
@@ -31,7 +49,7 @@ def keep_fractions(summary):
 
 def write_markdown(results, path):
     cfg, summary = results["config"], results["summary"]
-    methods = [m for m in ORDER if m in summary]
+    methods = ordered(summary)
     ks = sorted(int(k[len("pass@"):]) for k in summary["start"] if k.startswith("pass@"))
     lines = [f"# Reproducing the papers' findings on `{cfg['model']}`", "",
              f"Seeds 0..{cfg['seeds'] - 1}; every run generated {cfg['tokens']} training tokens (a sequential run half "
@@ -42,7 +60,7 @@ def write_markdown(results, path):
              *([f"GRPO-hot is GRPO sampling its training rollouts at temperature {cfg['hot_temperature']:g}; its "
                 "evaluations are at temperature 1 like every other run's."] if "hot_temperature" in cfg else []),
              "", "## Final models", ""]
-    rows = [[LABELS[m], fmt(summary[m].get("tokens"), digits=0), fmt(summary[m].get("steps"), digits=0),
+    rows = [[label(m), fmt(summary[m].get("tokens"), digits=0), fmt(summary[m].get("steps"), digits=0),
              *[fmt(summary[m].get(f"pass@{k}"), True) for k in ks], fmt(summary[m]["greedy_accuracy"], True),
              fmt(summary[m]["entropy"]), fmt(summary[m]["malformed_rate"], True), fmt(summary[m].get("drift_total"))]
             for m in methods]
@@ -55,13 +73,13 @@ def write_markdown(results, path):
               f"{cfg['sparsity_samples']} samples, and greedy accuracy) kept when only the largest-magnitude "
               "fraction of the update's entries is applied (`minies.analysis.sparsified`); — where training gained "
               "nothing.", ""]
-    rows = [[f"{LABELS[m]} {metric}", *[fmt(summary[m].get(f"sparse{k}_{metric}_gain_kept"), True) for k in keeps]]
+    rows = [[f"{label(m)} {metric}", *[fmt(summary[m].get(f"sparse{k}_{metric}_gain_kept"), True) for k in keeps]]
             for m in ("es", "grpo") if m in summary for metric in ("pass@1", "greedy_accuracy")]
     lines += table(["method, metric", *[f"top {float(k) * 100:g}%" for k in keeps]], rows)
 
     kinds = ("total", "embedding", "attention", "mlp", "norm", "other")
     lines += ["", "## Drift per layer type", "", "L2 norm of θ − θ0 (`minies.analysis.drift`).", ""]
-    lines += table(["method", *kinds], [[LABELS[m], *[fmt(summary[m].get(f"drift_{k}")) for k in kinds]]
+    lines += table(["method", *kinds], [[label(m), *[fmt(summary[m].get(f"drift_{k}")) for k in kinds]]
                                         for m in methods if m != "start"])
 
     fractions = [k[len("malformed_at"):] for k in summary.get("grpo", {}) if k.startswith("malformed_at")]
@@ -73,29 +91,52 @@ def write_markdown(results, path):
                   "training rollouts themselves over the last 10% of the budget (GRPO and C3PO stages only, each at "
                   "its own sampling temperature).", ""]
         lines += table(["method", *[f"{float(f) * 100:g}% of budget" for f in fractions], "rollouts, last 10%"],
-                       [[LABELS[m], *[fmt(summary[m].get(f"malformed_at{f}"), True) for f in fractions],
+                       [[label(m), *[fmt(summary[m].get(f"malformed_at{f}"), True) for f in fractions],
                          fmt(summary[m].get("train_malformed_last"), True)] for m in methods if m != "start"])
 
     rescue = results["rescue"]
-    if any("steps" in r for r in rescue.values()):  # written before GRPO-hot: {seed: C3PO against GRPO}
-        rescue = {"c3po-vs-grpo": rescue}
     lines += ["", "## Zero-advantage rescue", "",
               "A method against a baseline on the same seed, hence the same prompts at every step: a prompt is "
               "rescued when the method's group had a correct completion and the baseline's whole group failed, "
               "lost in the reverse case (`minies.analysis.rescue_counts`).", ""]
     lines += table(["method", "baseline", "seed", "paired steps", "prompts", "baseline group all wrong", "rescued",
                     "lost"],
-                   [[*(LABELS[m] for m in pair.split("-vs-")), seed,
+                   [[*(label(m) for m in pair.split("-vs-")), seed,
                      *(str(r[k]) for k in ("steps", "prompts", "baseline_failed", "rescued", "lost"))]
                     for pair, seeds in rescue.items() for seed, r in seeds.items()])
 
-    lines += ["", "## ES population diversity", ""]
-    diversity = summary.get("es", {}).get("js_diversity_last")
-    lines.append(f"Verifier-projected Jensen–Shannon diversity of the last ES step: {fmt(diversity)} "
-                 "(`minies.analysis.js_diversity`; 0: every member gives the same outcomes, 1: all differ)."
-                 if diversity else "The ES runs logged no `js_diversity`, so there is no diversity series.")
+    quarters = [q["steps"] for q in next(iter(rescue.values()))["seed0"]["quarters"]]
+    lines += ["", "Over training: prompts rescued / lost in each quarter of the paired steps (mean over seeds; "
+              "the step ranges are seed 0's).", ""]
+    lines += table(["method", "baseline", *[f"steps {a}–{b}" for a, b in quarters]],
+                   [[*(label(m) for m in pair.split("-vs-")),
+                     *[f"{mean(seeds, i, 'rescued'):.0f} / {mean(seeds, i, 'lost'):.0f}" for i in range(len(quarters))]]
+                    for pair, seeds in rescue.items()])
+
+    lines += ["", "## ES population diversity and pass@k", ""]
+    es_rows = [m for m in methods if m == "es" or m.startswith("es-sigma")]
+    if any(summary[m].get("js_diversity_mean") for m in es_rows):
+        lines += ["Verifier-projected Jensen–Shannon diversity of the ES population (`minies.analysis.js_diversity`; "
+                  "0: every member gives the same outcomes, 1: all differ), averaged over each run's steps and at "
+                  "its last step, beside the final pass@k. The noise scale σ sets how far the members spread.", ""]
+        ks = list(dict.fromkeys(("pass@1", "pass@8", f"pass@{cfg['samples']}")))
+        lines += table(["method", "diversity, mean", "diversity, last step", *ks],
+                       [[label(m), fmt(summary[m].get("js_diversity_mean")), fmt(summary[m].get("js_diversity_last")),
+                         *[fmt(summary[m].get(k), True) for k in ks]] for m in es_rows])
+        link = results.get("diversity_link", {}).get("rank_correlation", {})
+        if link:
+            runs = len(results["diversity_link"]["runs"])
+            lines += ["", f"Rank correlation (Spearman) across the {runs} ES runs between mean diversity and final "
+                      "pass@k: " + ", ".join(f"{k} {'—' if r is None else f'{r:+.2f}'}" for k, r in link.items()) + "."]
+    else:
+        lines.append("The ES runs logged no `js_diversity`, so there is no diversity series.")
     with open(path, "w") as f:
         f.write("\n".join(lines) + "\n")
+
+
+def mean(seeds, quarter, key):
+    """Mean over seeds of one quarter's rescued or lost count."""
+    return sum(r["quarters"][quarter][key] for r in seeds.values()) / len(seeds)
 
 
 def plot(results, out):
@@ -108,23 +149,28 @@ def plot(results, out):
         print("plots skipped: matplotlib is not installed (pip install matplotlib enables them)")
         return []
     summary, runs, paths = results["summary"], results["runs"], []
+    color = colors(summary)
 
-    def save(fig, ax, name, title, xlabel, ylabel):
+    def finish(ax, title, xlabel, ylabel):
         ax.set(title=title, xlabel=xlabel, ylabel=ylabel)
-        if ax.get_legend_handles_labels()[0]:
-            ax.legend(fontsize="small")
+        handles = dict(zip(*reversed(ax.get_legend_handles_labels())))  # one entry per label
+        if handles:
+            ax.legend(handles.values(), handles.keys(), fontsize="small")
+
+    def save(fig, name):
         fig.tight_layout()
         paths.append(os.path.join(out, name))
         fig.savefig(paths[-1], dpi=120)
         plt.close(fig)
 
     fig, ax = plt.subplots(figsize=(6, 4))
-    for m in (m for m in ORDER if m in summary):
+    for m in ordered(summary):
         ks = sorted(int(k[len("pass@"):]) for k in summary[m] if k.startswith("pass@"))
         ax.errorbar(ks, [summary[m][f"pass@{k}"]["mean"] for k in ks], [summary[m][f"pass@{k}"]["std"] for k in ks],
-                    color=COLORS[m], label=LABELS[m], marker="o", ms=3, capsize=2)
+                    color=color[m], label=label(m), marker="o", ms=3, capsize=2)
     ax.set_xscale("log", base=2)
-    save(fig, ax, "pass_at_k.png", "held-out pass@k (mean ± std over seeds)", "k", "pass@k")
+    finish(ax, "held-out pass@k (mean ± std over seeds)", "k", "pass@k")
+    save(fig, "pass_at_k.png")
 
     # One line per run (seeds of a method share its color); runs without the series are left out.
     for key, name, title, ylabel in (
@@ -133,21 +179,35 @@ def plot(results, out):
              "malformed rate"),
             ("train_malformed", "train_malformed.png",
              "training rollouts' malformed rate (own temperature)", "malformed rate"),
-            ("reward", "reward.png", "training reward (ES: mean over members, greedy)", "reward")):
+            ("reward", "reward.png", "training reward (ES: mean over members, greedy)", "reward"),
+            ("js_diversity", "es_diversity.png", "ES population diversity (verifier-projected JS)", "JS diversity")):
         fig, ax = plt.subplots(figsize=(6, 4))
-        labelled = set()
         for run in (r for r in runs.values() if r.get(key)):
-            ax.plot(*zip(*run[key]), color=COLORS[run["method"]], lw=1, alpha=0.8,
-                    label=None if run["method"] in labelled else LABELS[run["method"]])
-            labelled.add(run["method"])
-        save(fig, ax, name, title, "generated training tokens", ylabel)
+            ax.plot(*zip(*run[key]), color=color[run["method"]], lw=1, alpha=0.8, label=label(run["method"]))
+        finish(ax, title, "generated training tokens", ylabel)
+        save(fig, name)
 
-    es_runs = [(n, r) for n, r in runs.items() if r["method"] == "es" and r["js_diversity"]]
-    if es_runs:
-        fig, ax = plt.subplots(figsize=(6, 4))
-        for name, run in es_runs:
-            ax.plot(*zip(*run["js_diversity"]), label=name)
-        save(fig, ax, "es_diversity.png", "ES population diversity (verifier-projected JS)", "step", "JS diversity")
+    points = results.get("diversity_link", {}).get("runs", [])
+    if points:  # one point per ES run: its mean diversity against its final pass@k, for the smallest and largest k
+        ks = [k for k in points[0] if k.startswith("pass@")]
+        fig, axes = plt.subplots(1, 2, figsize=(9, 4))
+        for ax, k in zip(axes, (ks[0], ks[-1])):
+            for p in points:
+                method = p["run"].rsplit("-seed", 1)[0]
+                ax.scatter(p["js_diversity_mean"], p[k], color=color[method], label=label(method))
+            finish(ax, f"ES runs: final {k}", "mean JS diversity over training", k)
+        save(fig, "diversity_pass_at_k.png")
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for i, (pair, seeds) in enumerate(results["rescue"].items()):
+        quarters = seeds["seed0"]["quarters"]
+        middles = [(a + b) / 2 for a, b in (q["steps"] for q in quarters)]
+        names = " vs ".join(label(m) for m in pair.split("-vs-"))
+        for key, style in (("rescued", "-"), ("lost", "--")):
+            ax.plot(middles, [mean(seeds, q, key) for q in range(len(quarters))], style, marker="o",
+                    color=f"C{i}", label=f"{names}: {key}")
+    finish(ax, "zero-advantage rescue per quarter of training (mean over seeds)", "step", "prompts per quarter")
+    save(fig, "rescue.png")
 
     fig, ax = plt.subplots(figsize=(6, 4))
     for m in ("es", "grpo"):
@@ -155,10 +215,10 @@ def plot(results, out):
         if keeps:
             stats = [summary[m][f"sparse{k}_pass@1_gain_kept"] for k in keeps]
             ax.errorbar([float(k) * 100 for k in keeps], [s["mean"] for s in stats], [s["std"] for s in stats],
-                        color=COLORS[m], label=LABELS[m], marker="o", capsize=2)
+                        color=color[m], label=label(m), marker="o", capsize=2)
     percents = [float(k) * 100 for k in keep_fractions(summary)]
     ax.set_xscale("log")
     ax.set_xticks(percents, [f"{p:g}" for p in percents])
-    save(fig, ax, "sparsity.png", "pass@1 gain kept by the largest updates", "entries of θ − θ0 kept (%)",
-         "share of the pass@1 gain")
+    finish(ax, "pass@1 gain kept by the largest updates", "entries of θ − θ0 kept (%)", "share of the pass@1 gain")
+    save(fig, "sparsity.png")
     return paths

@@ -10,7 +10,11 @@ start model are evaluated on held-out problems with n samples each at temperatur
 (pass@k curves), the ES and GRPO updates are sparsified (how much of the gain do the largest 1-50% of
 the updated entries keep?), drift is measured per layer type, and entropy, malformed rate, reward, ES
 population diversity and the zero-advantage rescue of C3PO against GRPO and against GRPO-hot (and of
-GRPO-hot against GRPO: does sampling hotter do what C3PO does?) are read from the runs' logs. Writes
+GRPO-hot against GRPO: does sampling hotter do what C3PO does?), in total and quarter by quarter of
+training, are read from the runs' logs. The diversity claim (a more diverse ES population gives a higher
+pass@k) is tested by two more ES runs per seed at a smaller and a larger σ (--diversity-sigmas): σ sets
+how far the members spread, so across all ES runs the rank correlation between the population's mean
+JS diversity over training and the final pass@k says whether diversity and coverage move together. Writes
 <out>/results.json, <out>/results.md and PNG plots (bench/report.py); the runs themselves stay in
 <out>/runs.
 
@@ -40,14 +44,14 @@ import torch
 import train
 from bench import report
 from minies import ArgumentParser, UserError, checkpoint, run_script
-from minies.analysis import drift, rescue_counts, sparsified
+from minies.analysis import drift, rank_correlation, rescue_counts, sparsified
 from minies.config import add_arguments, from_args, option
 from minies.evaluate import evaluate
+from minies.es import ESConfig
 from minies.grpo import GRPOConfig
 from minies.models import SHIPPED_MODEL, load_model, load_tokenizer
 from minies.tasks import DEFAULT_TASK, get_task
 
-METHODS = ("es", "grpo", "grpo-hot", "c3po")  # single-method runs; grpo-hot: GRPO at --hot-temperature
 SEQUENTIAL = (("grpo", "es"), ("es", "grpo"))
 KEEP_FRACTIONS = (0.0, 0.01, 0.05, 0.10, 0.50, 1.0)  # 0 is the start model and 1 the trained one, exactly
 HELDOUT_SAMPLES = 4  # samples per problem of train.py's evaluations during training (entropy, malformed series)
@@ -77,6 +81,8 @@ class ReproduceConfig:
     hot_temperature: float = option(1.2, "GRPO-hot's sampling temperature for its training rollouts (the "
                                     "baseline that explores by sampling hotter; its held-out evaluations stay "
                                     "at temperature 1, like every run's)")
+    diversity_sigmas: str = option("0.004,0.016", "comma-separated σ of extra ES runs (\"es-sigma<σ>\") for "
+                                   "the diversity-pass@k link, beside ES's default σ; '' for none")
     problems: int = option(300, "held-out problems for the final evaluations")
     samples: int = option(32, "samples per problem for the final pass@k curves")
     sparsity_samples: int = option(8, "samples per problem for pass@1 of the sparsified models")
@@ -84,8 +90,8 @@ class ReproduceConfig:
     evals_per_run: int = option(8, "evaluations during each training stage")
 
 
-QUICK = {"seeds": 1, "tokens": 6000, "es_population": 8, "es_prompts": 16, "problems": 20, "samples": 8,
-         "sparsity_samples": 4, "eval_problems": 10, "evals_per_run": 2}
+QUICK = {"seeds": 1, "tokens": 6000, "es_population": 8, "es_prompts": 16, "diversity_sigmas": "0.016",
+         "problems": 20, "samples": 8, "sparsity_samples": 4, "eval_problems": 10, "evals_per_run": 2}
 
 
 def parse_args(argv):
@@ -103,28 +109,44 @@ def parse_args(argv):
                         "--evals-per-run must all be >= 1")
     if not cfg.hot_temperature > 0:
         raise UserError(f"--hot-temperature must be > 0, got {cfg.hot_temperature}")
+    es_sigmas(cfg)  # a malformed --diversity-sigmas fails here, before anything runs
     return cfg
 
 
-def algo_flags(cfg, method):
-    """train.py's flags for a stage of `method`: its --algo, and ES's population and prompts per step or
-    GRPO-hot's temperature; everything else is train.py's default."""
-    if method == "es":
-        return ["--algo", "es", "--population", cfg.es_population, "--prompts-per-step", cfg.es_prompts]
-    if method == "grpo-hot":
-        return ["--algo", "grpo", "--temperature", cfg.hot_temperature]
-    return ["--algo", method]
+def es_sigmas(cfg):
+    """{method: σ} of the ES-only methods: "es" at ES's default σ and "es-sigma<σ>" for --diversity-sigmas."""
+    try:
+        sigmas = [float(s) for s in cfg.diversity_sigmas.split(",") if s.strip()]
+    except ValueError:
+        sigmas = [0.0]
+    if not all(s > 0 for s in sigmas):
+        raise UserError(f"--diversity-sigmas {cfg.diversity_sigmas!r}: give positive numbers separated by commas")
+    return {"es": ESConfig().sigma, **{f"es-sigma{s:g}": s for s in sigmas}}
+
+
+def method_flags(cfg):
+    """{method: train.py's flags for a stage of it}: its --algo, and ES's population and prompts per
+    step, GRPO-hot's temperature or a diversity run's σ; everything else is train.py's default."""
+    es = ["--algo", "es", "--population", cfg.es_population, "--prompts-per-step", cfg.es_prompts]
+    flags = {"es": es, "grpo": ["--algo", "grpo"], "grpo-hot": ["--algo", "grpo", "--temperature", cfg.hot_temperature],
+             "c3po": ["--algo", "c3po"]}
+    flags.update({method: es + ["--sigma", sigma] for method, sigma in es_sigmas(cfg).items() if method != "es"})
+    return flags
+
+
+def is_es(cfg, method):
+    return method_flags(cfg)[method][1] == "es"
 
 
 def rollouts_per_step(cfg, method):
-    if method == "es":
+    if is_es(cfg, method):
         return cfg.es_population * cfg.es_prompts
     grpo = GRPOConfig()
     return grpo.prompts * grpo.group_size  # train.py's defaults, for GRPO, GRPO-hot and C3PO alike
 
 
 def step_seconds(cfg, method):
-    if method == "es":
+    if is_es(cfg, method):
         return cfg.es_population * (ES_MEMBER_SECONDS + ES_PROMPT_SECONDS * cfg.es_prompts)
     return GRPO_STEP_SECONDS[method]
 
@@ -144,14 +166,14 @@ def make_plan(cfg, mean_length):
         stages.append(Stage(label, f"{label}-seed{seed}", name, method, seed, tokens, steps, after))
 
     for seed in range(cfg.seeds):
-        for method in METHODS:
+        for method in method_flags(cfg):
             add(method, seed, f"{method}-seed{seed}", method, cfg.tokens)
         for first, second in SEQUENTIAL:
             run = f"{first}-{second}-seed{seed}"
             add(f"{first}-{second}", seed, f"{run}/1-{first}", first, cfg.tokens // 2)
             add(f"{first}-{second}", seed, f"{run}/2-{second}", second, cfg.tokens - cfg.tokens // 2,
                 after=f"{run}/1-{first}")
-    finals = cfg.seeds * (1 + len(METHODS) + len(SEQUENTIAL))
+    finals = cfg.seeds * (1 + len(method_flags(cfg)) + len(SEQUENTIAL))
     samples = (finals * cfg.problems * cfg.samples
                + cfg.seeds * 2 * len(KEEP_FRACTIONS) * cfg.problems * cfg.sparsity_samples
                + len(stages) * (cfg.evals_per_run + 2) * cfg.eval_problems * HELDOUT_SAMPLES)
@@ -175,7 +197,7 @@ def read_log(run_dir):
 
 def train_stage(cfg, runs_dir, stage, model):
     """Train one stage to its token budget (module docstring) from `model`; returns its run directory."""
-    flags = algo_flags(cfg, stage.method) + ["--model", model, "--seed", stage.seed, "--out", runs_dir,
+    flags = method_flags(cfg)[stage.method] + ["--model", model, "--seed", stage.seed, "--out", runs_dir,
              "--run-name", stage.name, "--save-every", 10**9, "--eval-every", max(1, stage.steps // cfg.evals_per_run),
              "--eval-problems", cfg.eval_problems, "--eval-samples", HELDOUT_SAMPLES,
              "--final-samples", HELDOUT_SAMPLES]
@@ -209,7 +231,7 @@ def stage_record(run_dir, tokens_before):
             "heldout_entropy": heldout_series("heldout_entropy", "entropy"),
             "heldout_malformed": heldout_series("heldout_malformed", "malformed_rate"),
             "train_malformed": series("malformed"),  # GRPO and C3PO's training rollouts, at their temperature
-            "js_diversity": [[r["step"], r["js_diversity"]] for r in rows if "js_diversity" in r],
+            "js_diversity": series("js_diversity"),
             "groups_solved": [r["groups_solved"] for r in rows if "groups_solved" in r]}
 
 
@@ -287,13 +309,34 @@ def sparsity_ablation(cfg, tok, theta0, run):
 
 def rescue(method_run, baseline_run):
     """A method's zero-advantage rescue against a baseline from their logged groups_solved, step by step
-    over the steps both runs took (the same --seed gives both the same prompts at every step)."""
+    over the steps both runs took (the same --seed gives both the same prompts at every step): totals,
+    and "quarters", the counts in each quarter of those steps (steps [first, last], 1-based)."""
     paired = min(len(method_run["groups_solved"]), len(baseline_run["groups_solved"]))
-    method, baseline = ([x for step in run["groups_solved"][:paired] for x in step]
-                        for run in (method_run, baseline_run))
-    rescued, lost = rescue_counts(method, baseline)
-    return {"steps": paired, "prompts": len(baseline), "rescued": rescued, "lost": lost,
-            "baseline_failed": baseline.count(0)}
+    method, baseline = (run["groups_solved"][:paired] for run in (method_run, baseline_run))
+    ends = [round(paired * f) for f in BUDGET_FRACTIONS]
+    quarters = []
+    for first, last in zip(ends, ends[1:]):
+        rescued, lost = rescue_counts(*([x for step in run[first:last] for x in step] for run in (method, baseline)))
+        quarters.append({"steps": [first + 1, last], "rescued": rescued, "lost": lost})
+    baseline = [x for step in baseline for x in step]
+    return {"steps": paired, "prompts": len(baseline), "rescued": sum(q["rescued"] for q in quarters),
+            "lost": sum(q["lost"] for q in quarters), "baseline_failed": baseline.count(0), "quarters": quarters}
+
+
+def mean_diversity(run):
+    return float(np.mean([d for _, d in run["js_diversity"]]))
+
+
+def diversity_link(cfg, runs):
+    """Every ES-only run's σ, mean JS diversity over training and final pass@k, and across those runs the
+    rank correlation of diversity with pass@k for each k (None where undefined)."""
+    sigmas = es_sigmas(cfg)
+    points = [{"run": name, "sigma": sigmas[run["method"]], "js_diversity_mean": mean_diversity(run),
+               **{k: v for k, v in run["eval"].items() if k.startswith("pass@")}}
+              for name, run in runs.items() if run["method"] in sigmas and run["js_diversity"]]
+    ks = [k for k in points[0] if k.startswith("pass@")] if points else []
+    return {"runs": points, "rank_correlation": {
+        k: rank_correlation([p["js_diversity_mean"] for p in points], [p[k] for p in points]) for k in ks}}
 
 
 def main(argv=None):
@@ -325,7 +368,8 @@ def main(argv=None):
                "start": {f"seed{seed}": m for seed, m in start.items()}, "runs": runs, "sparsity": sparsity,
                "rescue": {f"{m}-vs-{b}": {f"seed{seed}": rescue(runs[f"{m}-seed{seed}"], runs[f"{b}-seed{seed}"])
                                           for seed in range(cfg.seeds)} for m, b in RESCUE_PAIRS},
-               "summary": summarize(start, runs, sparsity), "seconds": time.time() - wall}
+               "diversity_link": diversity_link(cfg, runs), "summary": summarize(start, runs, sparsity),
+               "seconds": time.time() - wall}
     os.makedirs(cfg.out, exist_ok=True)
     with open(os.path.join(cfg.out, "results.json"), "w") as f:
         json.dump(results, f, indent=1)
@@ -357,6 +401,7 @@ def summarize(start, runs, sparsity):
                **{f"drift_{kind}": value for kind, value in run["drift"].items()}, **malformed_over_training(run)}
         if run["js_diversity"]:
             row["js_diversity_last"] = run["js_diversity"][-1][1]
+            row["js_diversity_mean"] = mean_diversity(run)
         for keep, metrics in sparsity.get(name, {}).items():
             row.update({f"sparse{keep}_{key}": value for key, value in metrics.items()})
         rows.setdefault(run["method"], []).append(row)

@@ -8,9 +8,10 @@ import math
 import re
 from collections import Counter
 
+import numpy as np
 import torch
 
-from minies.metrics import mean_pass_at_k
+from minies.metrics import average_ranks, mean_pass_at_k
 from minies.tasks import BOXED, GSM8K_NUMBER, last_answer_tag
 
 LAYER_TYPES = ("embedding", "attention", "mlp", "norm", "other")
@@ -160,3 +161,17 @@ def rescue_counts(solved_method, solved_baseline):
     rescued = sum(1 for m, b in zip(solved_method, solved_baseline) if m and not b)
     lost = sum(1 for m, b in zip(solved_method, solved_baseline) if b and not m)
     return rescued, lost
+
+
+def rank_correlation(x, y):
+    """Spearman's rank correlation of two equally long sequences: the Pearson correlation of their
+    average ranks (ties share their mean rank), in [−1, 1]; None when either sequence is constant or
+    has fewer than 2 values, where no correlation is defined."""
+    if len(x) != len(y):
+        raise ValueError(f"cannot correlate {len(x)} values with {len(y)}")
+    if len(x) < 2:
+        return None
+    rx, ry = average_ranks(x), average_ranks(y)
+    if rx.std() == 0 or ry.std() == 0:
+        return None
+    return float(np.corrcoef(rx, ry)[0, 1])

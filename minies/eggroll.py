@@ -74,9 +74,8 @@ class LowRankPopulation:
             out.addcmul_(s[:, :, j, None].to(out.dtype), a[:, None, j, :].to(out.dtype))
         return output
 
-    def direction(self, t, members, coeffs):
-        """Σ_n c_n·E_n for one tensor, in fp32, as one [out, N·r] × [N·r, in] matmul."""
-        kept = [(m, c) for m, c in zip(members, coeffs) if c]
-        a, b = zip(*(self.factors(seed, t) for (seed, _), _ in kept))
-        c = torch.tensor([c for _, c in kept], device=t.param.device).repeat_interleave(self.rank)
+    def direction(self, t, terms):
+        """Σ c·E_seed over the (seed, c) terms for one tensor, in fp32, as one [out, T·r] × [T·r, in] matmul."""
+        a, b = zip(*(self.factors(seed, t) for seed, _ in terms))
+        c = torch.tensor([c for _, c in terms], device=t.param.device).repeat_interleave(self.rank)
         return (torch.cat(a, 1) * c) @ torch.cat(b, 1).T / math.sqrt(self.rank)

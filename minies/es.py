@@ -9,7 +9,8 @@ One step, with N members, noise scale σ and step size α (PAPERS.md section 2):
 
 Antithetic sampling uses mirrored pairs ε_{2k+1} = −ε_{2k}, which cancels the even part of the
 reward landscape from the estimate. No noise tensor is stored: every ε_n is regenerated from its seed,
-once to perturb and once for the update, one parameter tensor at a time, on that tensor's device.
+once to perturb and once for the update (where a mirrored pair's two terms merge into one, (z_{2k} −
+z_{2k+1})·ε_{2k}), one parameter tensor at a time, on that tensor's device.
 
 Exact restore and lossless updates. Adding σ·ε and subtracting it again is not exact in floating
 point (in bf16 it changes ~7% of the elements per cycle). So the weights that matter live in an fp32
@@ -46,6 +47,7 @@ from minies import UserError, distributed
 from minies.config import option
 from minies.analysis import answer_outcome, js_diversity
 from minies.evaluate import score_rollouts
+from minies.metrics import average_ranks
 from minies.models import int8_row_scales
 from minies.rollout import format_prompts, generate
 
@@ -93,12 +95,7 @@ def normalize_rewards(rewards, how):
         return np.zeros_like(r)
     if how == "zscore":
         return (r - r.mean()) / r.std()
-    order = r.argsort(kind="stable")
-    ranks = np.empty_like(r)
-    ranks[order] = np.arange(len(r))
-    for value in np.unique(r):  # average the ranks of tied rewards
-        ranks[r == value] = ranks[r == value].mean()
-    return ranks / (len(r) - 1) - 0.5
+    return average_ranks(r) / (len(r) - 1) - 0.5
 
 
 class PerturbedTensor:
@@ -124,7 +121,7 @@ class PerturbedTensor:
 
     def perturbed(self, seed, sign, sigma):
         dev = self.param.device
-        self.write(self.master.to(dev) + (sign * sigma) * noise(seed, self.index, self.param.shape, dev))
+        self.write(noise(seed, self.index, self.param.shape, dev).mul_(sign * sigma).add_(self.master.to(dev)))
 
 
 class ES:
@@ -152,11 +149,14 @@ class ES:
         for p in model.parameters():
             p.requires_grad_(False)  # ES never needs gradients; this also keeps generate cheap
 
+    def format(self, problems):
+        return format_prompts(self.tokenizer, [p.question for p in problems], self.chat_template)
+
     @torch.no_grad()
-    def score(self, problems, seed, micro_batch=None):
-        """Per-prompt rewards of the model as it is now, the number of generated tokens, and per-prompt
-        outcome labels (minies.analysis.answer_outcome) for the population's diversity."""
-        prompts = format_prompts(self.tokenizer, [p.question for p in problems], self.chat_template)
+    def score(self, problems, prompts, seed, micro_batch=None):
+        """Per-prompt rewards of the model as it is now on `problems` (`prompts`: their formatted text), the
+        number of generated tokens, and per-prompt outcome labels (minies.analysis.answer_outcome) for
+        the population's diversity."""
         r = generate(self.model, self.tokenizer, prompts, self.task.max_new_tokens, self.cfg.temperature,
                      greedy=self.cfg.greedy, micro_batch=micro_batch or self.cfg.micro_batch, seed=seed)
         scores = score_rollouts(self.task, problems, r.texts)
@@ -173,7 +173,8 @@ class ES:
         start = time.time()
         mine = distributed.shard(list(range(len(members))))
         outcomes = {}
-        for n, per_prompt, count, labels in self.score_members(members, mine, problems, seed):
+        prompts = self.format(problems)  # once per step: the chat template costs ~5% of a member's scoring
+        for n, per_prompt, count, labels in self.score_members(members, mine, problems, prompts, seed):
             rewards[n], errors[n] = per_prompt.mean(), per_prompt.std() / np.sqrt(len(per_prompt))
             tokens += count
             outcomes[n] = labels
@@ -184,11 +185,16 @@ class ES:
         rewards, errors = rewards.numpy(), errors.numpy()
         z = normalize_rewards(rewards, cfg.normalize)
 
+        # Σ_n z_n·sign_n·ε_n as (seed, coefficient) terms: a mirrored pair shares its seed, hence its ε,
+        # so its two terms merge into one and each ε is regenerated once, not twice.
+        terms = {}
+        for (member_seed, sign), zn in zip(members, z):
+            terms[member_seed] = terms.get(member_seed, 0.0) + float(sign * zn)
+        terms = [(member_seed, c) for member_seed, c in terms.items() if c]
         update_sq, drift_sq = 0.0, 0.0
         for t, t0 in zip(self.tensors, self.theta0):
-            if z.any():
-                coeffs = [float(sign * zn) for (_, sign), zn in zip(members, z)]
-                direction = (self.population or self).direction(t, members, coeffs)
+            if terms:
+                direction = (self.population or self).direction(t, terms)
                 delta = (cfg.alpha / len(members)) * direction.cpu()
                 t.master += delta
                 t.clean()
@@ -210,14 +216,14 @@ class ES:
             "tokens": int(tokens.item()),
         }
 
-    def score_members(self, members, mine, problems, seed):
+    def score_members(self, members, mine, problems, prompts, seed):
         """Yield (n, per-prompt rewards, generated tokens, per-prompt outcomes) for each member n in `mine`.
         Common random numbers: every member is scored on the same prompts with the same sampling seed."""
         if self.population is None:  # in place: write θ + σ·ε_n into the model, one member at a time
             for n in mine:
                 for t in self.tensors:
                     t.perturbed(*members[n], self.cfg.sigma)
-                yield (n, *self.score(problems, seed))
+                yield (n, *self.score(problems, prompts, seed))
             for t in self.tensors:
                 t.clean()
             return
@@ -228,18 +234,18 @@ class ES:
         for start in range(0, len(mine), per_call):
             group = mine[start:start + per_call]
             with self.population.members([members[n] for n in group], self.cfg.sigma):
-                per_row, count, labels = self.score(problems * len(group), seed, micro_batch=len(group) * len(problems))
+                per_row, count, labels = self.score(problems * len(group), prompts * len(group), seed,
+                                                    micro_batch=len(group) * len(problems))
             for j, n in enumerate(group):
                 rows = slice(j * len(problems), (j + 1) * len(problems))
                 yield n, per_row[rows], count / len(group), labels[rows]
 
-    def direction(self, t, members, coeffs):
-        """Σ_n c_n·ε_n for one tensor in fp32, regenerating every ε_n from its seed."""
+    def direction(self, t, terms):
+        """Σ c·ε_seed over the (seed, c) terms for one tensor, in fp32, regenerating each ε from its seed."""
         dev = t.param.device
         total = torch.zeros(t.param.shape, dtype=torch.float32, device=dev)
-        for (seed, _), c in zip(members, coeffs):
-            if c:
-                total.add_(noise(seed, t.index, t.param.shape, dev), alpha=c)
+        for seed, c in terms:
+            total.add_(noise(seed, t.index, t.param.shape, dev), alpha=c)
         return total
 
     def state_dict(self):

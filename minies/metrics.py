@@ -17,6 +17,16 @@ def mean_pass_at_k(correct_counts, n, k):
     return float(np.mean([pass_at_k(n, int(c), k) for c in correct_counts]))
 
 
+def average_ranks(values):
+    """Ranks 0..n-1 of the values in ascending order, tied values sharing the mean of their ranks."""
+    values = np.asarray(values, dtype=np.float64)
+    ranks = np.empty_like(values)
+    ranks[values.argsort(kind="stable")] = np.arange(len(values))
+    for value in np.unique(values):
+        ranks[values == value] = ranks[values == value].mean()
+    return ranks
+
+
 def masked_mean(values, mask):
     mask = mask.float()
     return float((values * mask).sum() / mask.sum().clamp(min=1))

@@ -1,13 +1,13 @@
 """minies.analysis against hand-computed values: outcome labels, JS diversity, pass@k curves, drift,
-sparsification and zero-advantage rescue."""
+sparsification, zero-advantage rescue and rank correlation."""
 import math
 from pathlib import Path
 
 import pytest
 import torch
 
-from minies.analysis import (answer_outcome, drift, js_diversity, layer_type, pass_at_k_curve, rescue_counts,
-                             sparsified)
+from minies.analysis import (answer_outcome, drift, js_diversity, layer_type, pass_at_k_curve, rank_correlation,
+                             rescue_counts, sparsified)
 from minies.tasks import GSM8K, Arithmetic, Countdown, Problem, SolvedProblem
 
 GSM8K_FILE = Path(__file__).parent / "data" / "gsm8k_test.jsonl"
@@ -167,3 +167,17 @@ def test_rescue_counts():
     assert rescue_counts([], []) == (0, 0)
     with pytest.raises(ValueError, match="pair"):
         rescue_counts([1], [1, 0])
+
+
+def test_rank_correlation_by_hand():
+    assert rank_correlation([1, 2, 3, 4], [10, 20, 30, 40]) == pytest.approx(1.0)
+    assert rank_correlation([1, 2, 3, 4], [0.4, 0.3, 0.2, 0.1]) == pytest.approx(-1.0)
+    # Ranks (0, 1, 2) against (0, 2, 1): centred (-1, 0, 1) and (-1, 1, 0), covariance 1 over variance 2.
+    assert rank_correlation([1, 2, 3], [1, 3, 2]) == pytest.approx(0.5)
+    # Only ranks count: a monotone transform changes nothing.
+    assert rank_correlation([1, 2, 3], [1, 1000, 2]) == pytest.approx(0.5)
+    # Ties share their mean rank: (0.5, 0.5, 2) against (0, 1, 2) gives 1.5 / sqrt(1.5 * 2).
+    assert rank_correlation([1, 1, 2], [1, 2, 3]) == pytest.approx(1.5 / math.sqrt(3.0))
+    assert rank_correlation([1, 1, 1], [1, 2, 3]) is None and rank_correlation([1], [2]) is None
+    with pytest.raises(ValueError, match="correlate"):
+        rank_correlation([1, 2], [1, 2, 3])

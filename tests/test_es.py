@@ -85,7 +85,7 @@ def test_normalize_rewards():
 
 def test_all_tied_step_changes_nothing(tiny_model_dir):
     es = make_es(tiny_model_dir)
-    es.score = lambda problems, seed: (np.full(len(problems), 0.1), 10, ["7"] * len(problems))  # all the same
+    es.score = lambda problems, prompts, seed: (np.full(len(problems), 0.1), 10, ["7"] * len(problems))  # all the same
     before = weights(es.model)
     stats = es.step(Arithmetic(test_size=50).train_problems(8, seed=0), seed=0)
     assert stats["all_tied"] and stats["update_norm"] == 0.0 and not np.isnan(stats["fitness_snr"])
@@ -94,17 +94,21 @@ def test_all_tied_step_changes_nothing(tiny_model_dir):
         assert torch.equal(before[name], value)
 
 
-def test_update_is_the_seeded_sum(tiny_model_dir):
-    """θ ← θ + α/N Σ z_n ε_n, with ε regenerated from the member seeds."""
-    es = make_es(tiny_model_dir, alpha=0.01, antithetic=False)
+@pytest.mark.parametrize("antithetic", [False, True])
+def test_update_is_the_seeded_sum(tiny_model_dir, antithetic):
+    """θ ← θ + α/N Σ z_n ε_n, with ε regenerated from the member seeds (ε_n = sign_n·ε_seed_n: a mirrored
+    pair's two terms, which the update merges into one, are checked here one by one)."""
+    es = make_es(tiny_model_dir, alpha=0.01, antithetic=antithetic)
     fake = iter([0.0, 1.0, 3.0, 2.0])
-    es.score = lambda problems, seed: (np.full(len(problems), next(fake)), 10, ["7"] * len(problems))
+    es.score = lambda problems, prompts, seed: (np.full(len(problems), next(fake)), 10, ["7"] * len(problems))
     t = es.tensors[3]
     start = t.master.clone()
     es.step(Arithmetic(test_size=50).train_problems(8, seed=0), seed=11)
     z = normalize_rewards([0.0, 1.0, 3.0, 2.0], "rank")
-    expected = start + 0.01 / 4 * sum(zn * noise(s, t.index, t.param.shape, "cpu")
-                                      for (s, _), zn in zip(member_seeds(11, 4, False), z))
+    members = member_seeds(11, 4, antithetic)
+    assert len({s for s, _ in members}) == (2 if antithetic else 4)
+    expected = start + 0.01 / 4 * sum(zn * sign * noise(s, t.index, t.param.shape, "cpu")
+                                      for (s, sign), zn in zip(members, z))
     assert torch.allclose(t.master, expected, atol=1e-7)
     assert torch.equal(t.param, t.master)
 
@@ -116,7 +120,7 @@ def test_8bit_steps_change_outputs_and_checkpoint_reloads(tiny_model_dir, tmp_pa
     before = es.model(ids).logits
     problems = Arithmetic(test_size=50).train_problems(8, seed=0)
     rewards = iter(range(100))
-    es.score_members = lambda members, mine, problems, seed: (
+    es.score_members = lambda members, mine, problems, prompts, seed: (
         (n, np.full(len(problems), float(next(rewards))), 10, ["7"] * len(problems)) for n in mine)
     for step in range(2):
         es.step(problems, seed=step)
@@ -196,7 +200,7 @@ def test_lowrank_perturbs_linear_weights_only_and_skips_the_tied_head(tiny_model
 def test_lowrank_update_is_the_sum_of_rank_r_terms(tiny_model_dir):
     es = make_es(tiny_model_dir, alpha=0.01, antithetic=False, mode="lowrank", rank=3)
     fake = [0.0, 1.0, 3.0, 2.0]
-    es.score_members = lambda members, mine, problems, seed: (
+    es.score_members = lambda members, mine, problems, prompts, seed: (
         (n, np.full(len(problems), fake[n]), 10, [str(n)] * len(problems)) for n in mine)
     t = es.tensors[2]
     start = t.master.clone()
@@ -218,7 +222,8 @@ def test_lowrank_scores_equal_scoring_each_member_alone(tiny_model_dir):
     problems = Arithmetic(test_size=50).train_problems(4, seed=1)
     members = member_seeds(9, 6, antithetic=True)
     es.cfg.micro_batch = 4 * 6  # all six members in one call
-    together = {n: (r, o) for n, r, _, o in es.score_members(members, list(range(6)), problems, seed=0)}
+    prompts = es.format(problems)
+    together = {n: (r, o) for n, r, _, o in es.score_members(members, list(range(6)), problems, prompts, seed=0)}
     es.cfg.micro_batch = 4  # one member per call
-    alone = {n: (r, o) for n, r, _, o in es.score_members(members, list(range(6)), problems, seed=0)}
+    alone = {n: (r, o) for n, r, _, o in es.score_members(members, list(range(6)), problems, prompts, seed=0)}
     assert all(np.array_equal(together[n][0], alone[n][0]) and together[n][1] == alone[n][1] for n in range(6))

@@ -9,8 +9,10 @@ import pytest
 from bench import reproduce
 from conftest import single_thread
 from minies import UserError
+from minies.es import ESConfig
 
-RUNS = ("es-seed0", "grpo-seed0", "grpo-hot-seed0", "c3po-seed0", "grpo-es-seed0", "es-grpo-seed0")
+RUNS = ("es-seed0", "es-sigma0.016-seed0", "grpo-seed0", "grpo-hot-seed0", "c3po-seed0", "grpo-es-seed0",
+        "es-grpo-seed0")
 SEQUENTIAL = ("grpo-es-seed0", "es-grpo-seed0")
 
 
@@ -30,16 +32,16 @@ def test_results_have_every_part(quick):
     assert parts <= results.keys()
     assert results["config"]["quick"] and results["config"]["tokens"] == reproduce.QUICK["tokens"]
     assert sorted(results["runs"]) == sorted(RUNS)
-    assert set(results["summary"]) == {"start", "es", "grpo", "grpo-hot", "c3po", "grpo-es", "es-grpo"}
+    assert set(results["summary"]) == {"start", "es", "es-sigma0.016", "grpo", "grpo-hot", "c3po", "grpo-es", "es-grpo"}
     assert "plan:" in printed and "estimated total" in printed and "grpo-hot-seed0" in printed
     markdown = (out / "results.md").read_text()
     assert "| GRPO→ES |" in markdown and "## Functional sparsity" in markdown
     assert "## Malformed rate over training" in markdown and "| GRPO-hot |" in markdown
     assert "| C3PO | GRPO-hot | seed0 |" in markdown and "| GRPO-hot | GRPO | seed0 |" in markdown
+    assert "| ES σ=0.016 |" in markdown and "Rank correlation (Spearman) across the 2 ES runs" in markdown
     plots = {p.name for p in out.glob("*.png")}
-    expected = {"entropy.png", "malformed.png", "pass_at_k.png", "reward.png", "sparsity.png", "train_malformed.png"}
-    if results["runs"]["es-seed0"]["js_diversity"]:
-        expected.add("es_diversity.png")
+    expected = {"entropy.png", "malformed.png", "pass_at_k.png", "reward.png", "sparsity.png", "train_malformed.png",
+                "es_diversity.png", "diversity_pass_at_k.png", "rescue.png"}
     assert plots == expected or "plots skipped" in printed
 
 
@@ -59,6 +61,28 @@ def test_grpo_hot_is_grpo_at_the_hot_temperature(quick):
         assert plain == hot_cfg, section
     assert results["runs"]["grpo-hot-seed0"]["method"] == "grpo-hot"
     assert results["runs"]["grpo-hot-seed0"]["eval"]["n"] == results["config"]["samples"]
+
+
+def test_diversity_runs_are_es_at_their_sigma_and_linked_to_pass_at_k(quick):
+    out, results, _ = quick
+    configs = {name: json.loads((out / "runs" / name / "config.json").read_text()) for name in ("es-seed0",
+                                                                                                "es-sigma0.016-seed0")}
+    assert configs["es-sigma0.016-seed0"]["es"]["sigma"] == 0.016
+    assert configs["es-seed0"]["es"]["sigma"] == ESConfig().sigma
+    configs["es-sigma0.016-seed0"]["es"].pop("sigma"), configs["es-seed0"]["es"].pop("sigma")
+    assert configs["es-sigma0.016-seed0"]["es"] == configs["es-seed0"]["es"]
+    link = results["diversity_link"]
+    assert [p["run"] for p in link["runs"]] == ["es-seed0", "es-sigma0.016-seed0"]
+    for point in link["runs"]:
+        run = results["runs"][point["run"]]
+        assert len(run["js_diversity"]) == run["steps"]  # one per ES step
+        assert point["js_diversity_mean"] == pytest.approx(sum(d for _, d in run["js_diversity"]) / run["steps"])
+        assert 0 <= point["js_diversity_mean"] <= 1 and point["pass@8"] == run["eval"]["pass@8"]
+    assert sorted(link["rank_correlation"]) == ["pass@1", "pass@2", "pass@4", "pass@8"]
+    for k, r in link["rank_correlation"].items():
+        a, b = ([p[key] for p in link["runs"]] for key in ("js_diversity_mean", k))
+        # Two runs: +1 or -1 by the order of the two, None where either pair of values ties.
+        assert r == (None if a[0] == a[1] or b[0] == b[1] else pytest.approx(1.0 if (a[0] < a[1]) == (b[0] < b[1]) else -1.0))
 
 
 def test_every_run_spends_the_same_token_budget(quick):
@@ -92,7 +116,7 @@ def test_final_evaluations_are_sane(quick):
         assert [t for t, _ in malformed] == [t for t, _ in run["heldout_entropy"]], name
         assert malformed[0][0] == 0 and malformed[-1][0] == run["tokens"] and len(malformed) >= 3, name
         assert all(0 <= rate <= 1 for _, rate in malformed + run["train_malformed"]), name
-        grpo_steps = sum(s["steps"] for s in run["stages"] if s["method"] != "es")
+        grpo_steps = sum(s["steps"] for s in run["stages"] if not s["method"].startswith("es"))
         assert len(run["train_malformed"]) == grpo_steps, name  # one per GRPO or C3PO step; ES logs none
     # Every run starts from the same model and train.py evaluates it the same way before training.
     assert len({run["heldout_malformed"][0][1] for run in results["runs"].values()}) == 1
@@ -133,6 +157,11 @@ def test_rescue_pairs_methods_with_their_baselines_prompt_by_prompt(quick):
         assert rescue["baseline_failed"] == sum(step.count(0) for step in baseline["groups_solved"][:rescue["steps"]])
         assert 0 <= rescue["rescued"] <= rescue["baseline_failed"] <= rescue["prompts"]
         assert 0 <= rescue["lost"] <= rescue["prompts"] - rescue["baseline_failed"]
+        # Over training: the quarters tile the paired steps and their counts add up to the totals.
+        quarters = rescue["quarters"]
+        assert len(quarters) == 4 and quarters[0]["steps"][0] == 1 and quarters[-1]["steps"][1] == rescue["steps"]
+        assert all(a["steps"][1] + 1 == b["steps"][0] for a, b in zip(quarters, quarters[1:]))
+        assert [sum(q[key] for q in quarters) for key in ("rescued", "lost")] == [rescue["rescued"], rescue["lost"]]
 
 
 def test_user_errors(quick, tmp_path):
@@ -143,3 +172,6 @@ def test_user_errors(quick, tmp_path):
         reproduce.main(["--quick", "--seeds", "0", "--out", str(tmp_path)])
     with pytest.raises(UserError, match="--hot-temperature"):
         reproduce.main(["--quick", "--hot-temperature", "0", "--out", str(tmp_path)])
+    for bad in ("0.01,x", "-0.01"):
+        with pytest.raises(UserError, match="--diversity-sigmas"):
+            reproduce.main(["--quick", "--diversity-sigmas", bad, "--out", str(tmp_path)])
