@@ -25,7 +25,7 @@ import time
 import numpy as np
 import torch
 
-from minies.es import ES, ESConfig, member_seeds
+from minies.es import ES, ESConfig, member_seeds, noise
 from minies.models import SHIPPED_MODEL, load_model, load_tokenizer, model_device
 from minies.rollout import format_prompts, generate
 from minies.tasks import Arithmetic
@@ -105,6 +105,9 @@ def speed(args):
             members = member_seeds(0, args.population, True)
             write_s, _ = timed(lambda: [t.perturbed(*m, es.cfg.sigma) for m in members for t in es.tensors]
                                + [t.clean() for t in es.tensors], model, args.repeats)
+            # The part of writing that is drawing the noise itself: one seeded randn per member and tensor.
+            noise_s, _ = timed(lambda: [noise(m[0], t.index, t.param.shape, t.param.device)
+                                        for m in members for t in es.tensors], model, args.repeats)
             prompts = es.format(problems)
             score_s, _ = timed(lambda: [es.score(problems, prompts, seed=0) for _ in members], model, args.repeats)
             rewards = np.linspace(0, 1, args.population)
@@ -112,7 +115,8 @@ def speed(args):
                 (n, np.full(len(problems), rewards[n]), 0, ["0"] * len(problems)) for n in mine)
             update_s, _ = timed(lambda: es.step(problems, seed=0), model, args.repeats)
             result[mode].update(overhead=(write_s + update_s) / score_s, write_s=write_s, update_s=update_s,
-                                score_s=score_s)
+                                score_s=score_s, noise_s=noise_s,
+                                weights=sum(t.param.numel() for t in es.tensors))
         for t, t0 in zip(es.tensors, es.theta0):  # undo this mode's steps before measuring the next one
             t.master.copy_(t0)
             t.clean()
@@ -230,6 +234,8 @@ def main():
               f"{m['tokens_per_s']:9.0f} tokens/s  efficiency {m['efficiency']:.2f}")
     print(f"in-place overhead (write {ip['write_s']:.2f} s + update {ip['update_s']:.2f} s) / scoring "
           f"{ip['score_s']:.2f} s: {100 * ip['overhead']:.1f}%")
+    print(f"  of the writing, drawing the noise: {ip['noise_s']:.2f} s, "
+          f"{1e9 * ip['noise_s'] / (ip['weights'] * args.population):.1f} ns per perturbed weight and member")
     print(f"lowrank / in-place members per second: {lr['members_per_s'] / ip['members_per_s']:.2f}x")
 
     unit = "MiB allocated on the GPU" if torch.cuda.is_available() else "MiB peak RSS"

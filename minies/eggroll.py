@@ -17,9 +17,10 @@ The update is the same seeded sum as in-place ES, one matmul per matrix:
 
 accumulated in fp32 and applied to the same fp32 master copies as in-place ES (minies/es.py).
 
-Only weight matrices of Linear layers are perturbed in this mode: embeddings, norms and biases stay
-fixed. A Linear whose weight is tied to the input embedding (a tied LM head) is skipped as well, since
-the hook would perturb only one of the weight's two uses while the update would change both.
+The input embedding E [vocab, hidden] is a matrix too: a lookup of token t returns row E[t], so its
+hook adds σ·A_n[t]·B_nᵀ/√r to the looked-up rows. When the LM head is tied to it (logits = h·Eᵀ), the
+head's Linear hook adds σ·(h·B_n)·A_nᵀ/√r with the *same* A_n, B_n: both uses of the one weight see
+one perturbation, as they do in place. Norms and biases (vectors) stay fixed in this mode.
 """
 import contextlib
 import math
@@ -31,12 +32,19 @@ class LowRankPopulation:
     def __init__(self, model, tensors, rank, noise):
         """`tensors`: the ES's PerturbedTensors; `noise(seed, index, shape, device)`: its seeded N(0, 1) stream."""
         self.rank, self.noise = rank, noise
-        embedding = model.get_input_embeddings().weight
-        self.tensors = [t for t in tensors if isinstance(t.module, torch.nn.Linear)
-                        and t.param is t.module.weight and t.param is not embedding]
-        self.active = {}  # module -> (σ·sign/√r · A stacked [k, out, r], B stacked [k, in, r]) while scoring
-        for t in self.tensors:
-            t.module.register_forward_hook(self.hook)
+        embedding, head = model.get_input_embeddings(), model.get_output_embeddings()
+        self.modules = {}  # tensor index -> the modules whose forward uses that weight matrix
+        for t in tensors:
+            if t.param is embedding.weight:
+                self.modules[t.index] = [embedding] + ([head] if head is not None and head.weight is t.param else [])
+            elif isinstance(t.module, torch.nn.Linear) and t.param is t.module.weight:
+                self.modules[t.index] = [t.module]
+        self.tensors = [t for t in tensors if t.index in self.modules]
+        # module -> (A stacked [k, r, out] with σ·sign/√r folded in, every member's B side by side [in, k·r])
+        self.active = {}
+        for modules in self.modules.values():
+            for module in modules:
+                module.register_forward_hook(self.lookup_hook if module is embedding else self.hook)
 
     def factors(self, seed, t):
         """A_n [out, r] and B_n [in, r] of one member for one tensor, in fp32 on the tensor's device."""
@@ -50,8 +58,9 @@ class LowRankPopulation:
         for t in self.tensors:
             a, b = zip(*(self.factors(seed, t) for seed, _ in members))
             scale = torch.tensor([sign * sigma / math.sqrt(self.rank) for _, sign in members], device=t.param.device)
-            # A as [k, r, out] with σ·sign/√r folded in; every member's B side by side as [in, k·r].
-            self.active[t.module] = (torch.stack(a).transpose(1, 2) * scale[:, None, None], torch.cat(b, 1))
+            factors = (torch.stack(a).transpose(1, 2) * scale[:, None, None], torch.cat(b, 1))
+            for module in self.modules[t.index]:
+                self.active[module] = factors
         try:
             yield
         finally:
@@ -72,6 +81,20 @@ class LowRankPopulation:
         out = output.view(k, -1, output.shape[-1])  # a fresh tensor: adding in place saves a copy
         for j in range(r):  # += σ·sign·A(Bᵀx)/√r, one broadcast multiply-add per rank
             out.addcmul_(s[:, :, j, None].to(out.dtype), a[:, None, j, :].to(out.dtype))
+        return output
+
+    def lookup_hook(self, module, inputs, output):
+        """The embedding's: row E[t] of each looked-up token t gets σ·sign·A[t]·Bᵀ/√r of its row's member."""
+        if module not in self.active:
+            return None
+        a, b = self.active[module]
+        k, r = a.shape[0], a.shape[1]
+        ids = inputs[0].reshape(k, 1, -1).expand(k, r, -1)  # [k, r, rows_per_member·tokens]
+        picked = a.gather(2, ids)  # A_j[t] for each of member j's tokens t: [k, r, n]
+        b = b.view(b.shape[0], k, r)  # [hidden, k, r]
+        out = output.view(k, -1, output.shape[-1])
+        for j in range(r):
+            out.addcmul_(picked[:, j, :, None].to(out.dtype), b[:, :, j].T[:, None, :].to(out.dtype))
         return output
 
     def direction(self, t, terms):

@@ -144,7 +144,7 @@ class ES:
             self.tensors = self.population.tensors
         if not self.tensors:
             raise UserError(f"--params {config.params!r} matches no parameter of the model"
-                            + (" that lowrank mode perturbs (weights of Linear layers)" if self.population else ""))
+                            + (" that lowrank mode perturbs (weights of Linear and embedding layers)" if self.population else ""))
         self.theta0 = [t.master.clone() for t in self.tensors]
         for p in model.parameters():
             p.requires_grad_(False)  # ES never needs gradients; this also keeps generate cheap

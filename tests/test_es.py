@@ -189,10 +189,14 @@ def test_lowrank_member_rows_run_at_their_own_explicit_weights(tiny_model_dir):
     assert not torch.allclose(batched[0], batched[2])  # other seed
 
 
-def test_lowrank_perturbs_linear_weights_only_and_skips_the_tied_head(tiny_model_dir):
-    es = make_es(tiny_model_dir, mode="lowrank")
+def test_lowrank_perturbs_weight_matrices_and_both_uses_of_the_tied_embedding(tiny_model_dir):
+    es = make_es(tiny_model_dir, mode="lowrank")  # default --params: the embeddings and block 0
     names = {t.name for t in es.tensors}
-    assert names and all(n.endswith("proj.weight") for n in names)
+    assert "model.embed_tokens.weight" in names and all(n.endswith("proj.weight") for n in names - {
+        "model.embed_tokens.weight"}) and not any("norm" in n for n in names)
+    embedding = next(t for t in es.tensors if t.name == "model.embed_tokens.weight")
+    assert es.model.lm_head.weight is embedding.param  # the shipped model ties its head to the embedding
+    assert es.population.modules[embedding.index] == [es.model.model.embed_tokens, es.model.lm_head]
     with pytest.raises(UserError, match="lowrank"):
         make_es(tiny_model_dir, mode="lowrank", params="norm")
 
