@@ -126,8 +126,9 @@ def write_markdown(results, path):
         link = results.get("diversity_link", {}).get("rank_correlation", {})
         if link:
             runs = len(results["diversity_link"]["runs"])
-            lines += ["", f"Rank correlation (Spearman) across the {runs} ES runs between mean diversity and final "
-                      "pass@k: " + ", ".join(f"{k} {'—' if r is None else f'{r:+.2f}'}" for k, r in link.items()) + "."]
+            lines += ["", f"Rank correlation (Spearman) across the {runs} ES runs between mean diversity and the gain "
+                      "in pass@k over the start model on the run's seed: "
+                      + ", ".join(f"{k} {'—' if r is None else f'{r:+.2f}'}" for k, r in link.items()) + "."]
     else:
         lines.append("The ES runs logged no `js_diversity`, so there is no diversity series.")
     with open(path, "w") as f:
@@ -194,8 +195,8 @@ def plot(results, out):
         for ax, k in zip(axes, (ks[0], ks[-1])):
             for p in points:
                 method = p["run"].rsplit("-seed", 1)[0]
-                ax.scatter(p["js_diversity_mean"], p[k], color=color[method], label=label(method))
-            finish(ax, f"ES runs: final {k}", "mean JS diversity over training", k)
+                ax.scatter(p["js_diversity_mean"], p[f"gain_{k}"], color=color[method], label=label(method))
+            finish(ax, f"ES runs: {k} gain over the start model", "mean JS diversity over training", f"{k} gain")
         save(fig, "diversity_pass_at_k.png")
 
     fig, ax = plt.subplots(figsize=(6, 4))

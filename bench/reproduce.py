@@ -1,7 +1,7 @@
 """Reproduce the founding papers' findings on the shipped model (issue #7, PAPERS.md section 1).
 
     python -m bench.reproduce --quick            # a smoke run of every stage: under a minute on one core
-    python -m bench.reproduce --out results      # the full run: ~35-40 min on 2 cores (plan and estimate printed first)
+    python -m bench.reproduce --out results      # the full run: 37 min on 2 cores (plan and estimate printed first)
 
 ES, GRPO, GRPO-hot (GRPO sampling its training rollouts at --hot-temperature, 1.2) and C3PO train for
 seeds 0..S-1 on an equal budget of generated tokens, and so do GRPO→ES and ES→GRPO (half the budget in
@@ -327,16 +327,21 @@ def mean_diversity(run):
     return float(np.mean([d for _, d in run["js_diversity"]]))
 
 
-def diversity_link(cfg, runs):
-    """Every ES-only run's σ, mean JS diversity over training and final pass@k, and across those runs the
-    rank correlation of diversity with pass@k for each k (None where undefined)."""
+def diversity_link(cfg, runs, start):
+    """Every ES-only run's σ, mean JS diversity over training, final pass@k and its gain over the start
+    model on the same seed's held-out split ("gain_pass@k"), and across those runs the rank correlation
+    of diversity with each gain (None where undefined). Gains, not levels: each seed evaluates on its own
+    split, whose difficulty would otherwise swamp the differences between runs."""
     sigmas = es_sigmas(cfg)
-    points = [{"run": name, "sigma": sigmas[run["method"]], "js_diversity_mean": mean_diversity(run),
-               **{k: v for k, v in run["eval"].items() if k.startswith("pass@")}}
-              for name, run in runs.items() if run["method"] in sigmas and run["js_diversity"]]
+    points = []
+    for name, run in runs.items():
+        if run["method"] in sigmas and run["js_diversity"]:
+            passes = {k: v for k, v in run["eval"].items() if k.startswith("pass@")}
+            points.append({"run": name, "sigma": sigmas[run["method"]], "js_diversity_mean": mean_diversity(run),
+                           **passes, **{f"gain_{k}": v - start[run["seed"]][k] for k, v in passes.items()}})
     ks = [k for k in points[0] if k.startswith("pass@")] if points else []
     return {"runs": points, "rank_correlation": {
-        k: rank_correlation([p["js_diversity_mean"] for p in points], [p[k] for p in points]) for k in ks}}
+        k: rank_correlation([p["js_diversity_mean"] for p in points], [p[f"gain_{k}"] for p in points]) for k in ks}}
 
 
 def main(argv=None):
@@ -368,7 +373,7 @@ def main(argv=None):
                "start": {f"seed{seed}": m for seed, m in start.items()}, "runs": runs, "sparsity": sparsity,
                "rescue": {f"{m}-vs-{b}": {f"seed{seed}": rescue(runs[f"{m}-seed{seed}"], runs[f"{b}-seed{seed}"])
                                           for seed in range(cfg.seeds)} for m, b in RESCUE_PAIRS},
-               "diversity_link": diversity_link(cfg, runs), "summary": summarize(start, runs, sparsity),
+               "diversity_link": diversity_link(cfg, runs, start), "summary": summarize(start, runs, sparsity),
                "seconds": time.time() - wall}
     os.makedirs(cfg.out, exist_ok=True)
     with open(os.path.join(cfg.out, "results.json"), "w") as f:

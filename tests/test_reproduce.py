@@ -78,9 +78,10 @@ def test_diversity_runs_are_es_at_their_sigma_and_linked_to_pass_at_k(quick):
         assert len(run["js_diversity"]) == run["steps"]  # one per ES step
         assert point["js_diversity_mean"] == pytest.approx(sum(d for _, d in run["js_diversity"]) / run["steps"])
         assert 0 <= point["js_diversity_mean"] <= 1 and point["pass@8"] == run["eval"]["pass@8"]
+        assert point["gain_pass@8"] == pytest.approx(run["eval"]["pass@8"] - results["start"]["seed0"]["pass@8"])
     assert sorted(link["rank_correlation"]) == ["pass@1", "pass@2", "pass@4", "pass@8"]
     for k, r in link["rank_correlation"].items():
-        a, b = ([p[key] for p in link["runs"]] for key in ("js_diversity_mean", k))
+        a, b = ([p[key] for p in link["runs"]] for key in ("js_diversity_mean", f"gain_{k}"))
         # Two runs: +1 or -1 by the order of the two, None where either pair of values ties.
         assert r == (None if a[0] == a[1] or b[0] == b[1] else pytest.approx(1.0 if (a[0] < a[1]) == (b[0] < b[1]) else -1.0))
 
