@@ -80,6 +80,14 @@ def timed(fn, model, repeats=1):
     return best, out
 
 
+def draw_noise(es, members):
+    """The part of writing weights that is drawing the noise itself: one seeded randn per member and
+    tensor, each dropped at once (keeping them would measure the allocator, not the generator)."""
+    for seed, _ in members:
+        for t in es.tensors:
+            noise(seed, t.index, t.param.shape, t.param.device)
+
+
 def speed(args):
     model, tok = build(args)
     task = Arithmetic()
@@ -105,9 +113,7 @@ def speed(args):
             members = member_seeds(0, args.population, True)
             write_s, _ = timed(lambda: [t.perturbed(*m, es.cfg.sigma) for m in members for t in es.tensors]
                                + [t.clean() for t in es.tensors], model, args.repeats)
-            # The part of writing that is drawing the noise itself: one seeded randn per member and tensor.
-            noise_s, _ = timed(lambda: [noise(m[0], t.index, t.param.shape, t.param.device)
-                                        for m in members for t in es.tensors], model, args.repeats)
+            noise_s, _ = timed(lambda: draw_noise(es, members), model, args.repeats)
             prompts = es.format(problems)
             score_s, _ = timed(lambda: [es.score(problems, prompts, seed=0) for _ in members], model, args.repeats)
             rewards = np.linspace(0, 1, args.population)
@@ -143,9 +149,11 @@ def memory_probe(args, what):
 
     sampler = threading.Thread(target=sample)
     sampler.start()
-    gpu_mib = workload(args, what, model, tok)
-    running.clear()
-    sampler.join()
+    try:
+        gpu_mib = workload(args, what, model, tok)
+    finally:  # stop sampling even when the workload fails, or the process would never exit
+        running.clear()
+        sampler.join()
     return peak[0] if gpu_mib is None else gpu_mib
 
 
@@ -164,7 +172,10 @@ def workload(args, what, model, tok):
         from minies.grpo import GRPO, GRPOConfig
         for p in model.parameters():
             p.requires_grad_(p.dtype.is_floating_point)
-        GRPO(model, tok, task, GRPOConfig(prompts=args.prompts // 8 or 1)).step(problems[:args.prompts // 8 or 1], 0)
+        # 8-bit weights cannot be trained directly: GRPO trains LoRA adapters on them, as train.py does.
+        lora_rank = 16 if args.load_in_8bit else 0
+        prompts = args.prompts // 8 or 1
+        GRPO(model, tok, task, GRPOConfig(prompts=prompts, lora_rank=lora_rank)).step(problems[:prompts], 0)
     else:
         ES(model, tok, task, es_config(args, what)).step(problems, seed=0)
     return torch.cuda.max_memory_allocated() / 2**20 if cuda else None

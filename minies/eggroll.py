@@ -98,7 +98,7 @@ class LowRankPopulation:
         return output
 
     def direction(self, t, terms):
-        """Σ c·E_seed over the (seed, c) terms for one tensor, in fp32, as one [out, T·r] × [T·r, in] matmul."""
+        """Σ c·E_seed over the M (seed, c) terms for one tensor, in fp32, as one [out, M·r] × [M·r, in] matmul."""
         a, b = zip(*(self.factors(seed, t) for seed, _ in terms))
         c = torch.tensor([c for _, c in terms], device=t.param.device).repeat_interleave(self.rank)
         return (torch.cat(a, 1) * c) @ torch.cat(b, 1).T / math.sqrt(self.rank)

@@ -143,8 +143,8 @@ class ES:
             self.population = LowRankPopulation(model, self.tensors, config.rank, noise)
             self.tensors = self.population.tensors
         if not self.tensors:
-            raise UserError(f"--params {config.params!r} matches no parameter of the model"
-                            + (" that lowrank mode perturbs (weights of Linear and embedding layers)" if self.population else ""))
+            in_mode = " that lowrank mode perturbs (weights of Linear and embedding layers)" if self.population else ""
+            raise UserError(f"--params {config.params!r} matches no parameter of the model{in_mode}")
         self.theta0 = [t.master.clone() for t in self.tensors]
         for p in model.parameters():
             p.requires_grad_(False)  # ES never needs gradients; this also keeps generate cheap
@@ -173,7 +173,7 @@ class ES:
         start = time.time()
         mine = distributed.shard(list(range(len(members))))
         outcomes = {}
-        prompts = self.format(problems)  # once per step: the chat template costs ~5% of a member's scoring
+        prompts = self.format(problems)  # once per step: the chat template costs ~6% of a member's scoring
         for n, per_prompt, count, labels in self.score_members(members, mine, problems, prompts, seed):
             rewards[n], errors[n] = per_prompt.mean(), per_prompt.std() / np.sqrt(len(per_prompt))
             tokens += count

@@ -9,8 +9,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 def test_bench_es_prints_every_ratio(tmp_path):
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    out = subprocess.run([sys.executable, "-m", "bench.es", "--population", "4", "--prompts", "8", "--new-tokens", "4", "--repeats", "1",
-                          "--skip-torchrun", "--scratch", str(tmp_path)], cwd=ROOT, capture_output=True, text=True,
+    out = subprocess.run([sys.executable, "-m", "bench.es", "--population", "4", "--prompts", "8", "--new-tokens", "4",
+                          "--repeats", "1", "--skip-torchrun", "--scratch", str(tmp_path)], cwd=ROOT, capture_output=True, text=True,
                          env=env, timeout=600)
     assert out.returncode == 0, out.stderr[-2000:]
     text = out.stdout
@@ -18,6 +18,7 @@ def test_bench_es_prints_every_ratio(tmp_path):
         efficiency = float(re.search(rf"ES {mode}.*efficiency ([0-9.]+)", text).group(1))
         assert 0 < efficiency < 10
     assert re.search(r"in-place overhead .*: [0-9.]+%", text)
+    assert float(re.search(r"drawing the noise: .*, ([0-9.]+) ns per perturbed weight", text).group(1)) > 0
     assert re.search(r"lowrank / in-place members per second: [0-9.]+x", text)
     ratios = [float(r) for r in re.findall(r"step: \d+ MiB .* ratio ([0-9.]+)", text)]
     assert len(ratios) == 3 and all(r > 0.5 for r in ratios)

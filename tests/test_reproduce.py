@@ -83,7 +83,10 @@ def test_diversity_runs_are_es_at_their_sigma_and_linked_to_pass_at_k(quick):
     for k, r in link["rank_correlation"].items():
         a, b = ([p[key] for p in link["runs"]] for key in ("js_diversity_mean", f"gain_{k}"))
         # Two runs: +1 or -1 by the order of the two, None where either pair of values ties.
-        assert r == (None if a[0] == a[1] or b[0] == b[1] else pytest.approx(1.0 if (a[0] < a[1]) == (b[0] < b[1]) else -1.0))
+        if a[0] == a[1] or b[0] == b[1]:
+            assert r is None
+        else:
+            assert r == pytest.approx(1.0 if (a[0] < a[1]) == (b[0] < b[1]) else -1.0)
 
 
 def test_every_run_spends_the_same_token_budget(quick):
