@@ -58,6 +58,13 @@ def build(args):
     return model, tok
 
 
+def bench_task(args):
+    """The task every measurement uses (completions capped at --new-tokens) and its P training problems."""
+    task = Arithmetic()
+    task.max_new_tokens = args.new_tokens
+    return task, task.train_problems(args.prompts, seed=1)
+
+
 def es_config(args, mode):
     return ESConfig(population=args.population, prompts_per_step=args.prompts, mode=mode,
                     micro_batch=args.micro_batch, params=args.params)
@@ -90,9 +97,7 @@ def draw_noise(es, members):
 
 def speed(args):
     model, tok = build(args)
-    task = Arithmetic()
-    task.max_new_tokens = args.new_tokens
-    problems = task.train_problems(args.prompts, seed=1)
+    task, problems = bench_task(args)
     prompts = format_prompts(tok, [p.question for p in problems])
     rows = prompts * args.population
 
@@ -158,9 +163,7 @@ def memory_probe(args, what):
 
 
 def workload(args, what, model, tok):
-    task = Arithmetic()
-    task.max_new_tokens = args.new_tokens
-    problems = task.train_problems(args.prompts, seed=1)
+    task, problems = bench_task(args)
     cuda = model_device(model).type == "cuda"
     if cuda:
         torch.cuda.reset_peak_memory_stats()
@@ -192,7 +195,8 @@ def probe(args, what, extra=(), env=None, launcher=None):
 def passthrough(args):
     flags = ["--model", args.model, "--dtype", args.dtype, "--population", str(args.population),
              "--prompts", str(args.prompts), "--micro-batch", str(args.micro_batch),
-             "--new-tokens", str(args.new_tokens), "--repeats", str(args.repeats), "--scratch", args.scratch, "--params", args.params]
+             "--new-tokens", str(args.new_tokens), "--repeats", str(args.repeats), "--scratch", args.scratch,
+             "--params", args.params]
     return flags + (["--load-in-8bit"] if args.load_in_8bit else [])
 
 
@@ -201,10 +205,8 @@ def step_time(args):
     from minies import distributed
     distributed.init()
     model, tok = build(args)
-    task = Arithmetic()
-    task.max_new_tokens = args.new_tokens
+    task, problems = bench_task(args)
     es = ES(model, tok, task, es_config(args, "inplace"))
-    problems = task.train_problems(args.prompts, seed=1)
     es.step(problems, seed=0)
     distributed.barrier()
     seconds, _ = timed(lambda: es.step(problems, seed=1), model, args.repeats)

@@ -56,7 +56,8 @@ class LowRankPopulation:
     def members(self, members, sigma):
         """Inside the block, a forward over k·P rows runs row block j at θ + σ·sign_j·E_j, j < k = len(members)."""
         for t in self.tensors:
-            a, b = zip(*(self.factors(seed, t) for seed, _ in members))
+            drawn = {seed: self.factors(seed, t) for seed in dict.fromkeys(seed for seed, _ in members)}  # a pair once
+            a, b = zip(*(drawn[seed] for seed, _ in members))
             scale = torch.tensor([sign * sigma / math.sqrt(self.rank) for _, sign in members], device=t.param.device)
             factors = (torch.stack(a).transpose(1, 2) * scale[:, None, None], torch.cat(b, 1))
             for module in self.modules[t.index]:
@@ -67,21 +68,17 @@ class LowRankPopulation:
             self.active.clear()
 
     def hook(self, module, inputs, output):
+        """A Linear's: += σ·sign·A(Bᵀx)/√r for each row block's member."""
         if module not in self.active:
             return None
         a, b = self.active[module]
         k, r = a.shape[0], a.shape[1]
-        x = inputs[0]
-        if x.shape[0] % k:
-            raise RuntimeError(f"batch of {x.shape[0]} rows does not split into {k} member blocks")
+        x = inputs[0].reshape(-1, inputs[0].shape[-1])
         # One GEMM of every row against every member's B (k·r extra columns, cheap next to W's `out`),
         # then keep each row block's own member: [k, rows_per_member·tokens, r]. A per-member bmm with
-        # an inner size of r is far slower on CPU than this and the broadcast products below.
-        s = (x.reshape(-1, x.shape[-1]).to(b.dtype) @ b).view(k, -1, k, r).diagonal(dim1=0, dim2=2).permute(2, 0, 1)
-        out = output.view(k, -1, output.shape[-1])  # a fresh tensor: adding in place saves a copy
-        for j in range(r):  # += σ·sign·A(Bᵀx)/√r, one broadcast multiply-add per rank
-            out.addcmul_(s[:, :, j, None].to(out.dtype), a[:, None, j, :].to(out.dtype))
-        return output
+        # an inner size of r is far slower on CPU than this and the broadcast products in add_low_rank.
+        s = (x.to(b.dtype) @ b).view(k, -1, k, r).diagonal(dim1=0, dim2=2).permute(2, 0, 1)
+        return add_low_rank(output, s, a)
 
     def lookup_hook(self, module, inputs, output):
         """The embedding's: row E[t] of each looked-up token t gets σ·sign·A[t]·Bᵀ/√r of its row's member."""
@@ -90,15 +87,24 @@ class LowRankPopulation:
         a, b = self.active[module]
         k, r = a.shape[0], a.shape[1]
         ids = inputs[0].reshape(k, 1, -1).expand(k, r, -1)  # [k, r, rows_per_member·tokens]
-        picked = a.gather(2, ids)  # A_j[t] for each of member j's tokens t: [k, r, n]
-        b = b.view(b.shape[0], k, r)  # [hidden, k, r]
-        out = output.view(k, -1, output.shape[-1])
-        for j in range(r):
-            out.addcmul_(picked[:, j, :, None].to(out.dtype), b[:, :, j].T[:, None, :].to(out.dtype))
-        return output
+        picked = a.gather(2, ids).transpose(1, 2)  # A_j[t] for each of member j's tokens t: [k, n, r]
+        return add_low_rank(output, picked, b.view(b.shape[0], k, r).permute(1, 2, 0))  # B as [k, r, hidden]
 
     def direction(self, t, terms):
         """Σ c·E_seed over the M (seed, c) terms for one tensor, in fp32, as one [out, M·r] × [M·r, in] matmul."""
         a, b = zip(*(self.factors(seed, t) for seed, _ in terms))
         c = torch.tensor([c for _, c in terms], device=t.param.device).repeat_interleave(self.rank)
         return (torch.cat(a, 1) * c) @ torch.cat(b, 1).T / math.sqrt(self.rank)
+
+
+def add_low_rank(output, coeffs, vectors):
+    """output[row block j] += Σ_i coeffs[j, :, i] ⊗ vectors[j, i] in place, with k member blocks of rows:
+    coeffs [k, n, r] per row (n: the block's rows × tokens), vectors [k, r, dim]; one broadcast
+    multiply-add per rank. `output` is the layer's fresh result, so adding in place saves a copy."""
+    k = coeffs.shape[0]
+    if output.shape[0] % k:
+        raise RuntimeError(f"batch of {output.shape[0]} rows does not split into {k} member blocks")
+    out = output.view(k, -1, output.shape[-1])
+    for i in range(coeffs.shape[2]):
+        out.addcmul_(coeffs[:, :, i, None].to(out.dtype), vectors[:, None, i, :].to(out.dtype))
+    return output
