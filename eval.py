@@ -1,53 +1,61 @@
-"""Evaluate a model on a task's held-out split: pass@k, greedy accuracy, malformed rate, entropy, length.
+"""Evaluate a model on a task's held-out split: pass@k, greedy accuracy, malformed and truncated rates,
+entropy, length.
 
     python eval.py                                   # the shipped model on the default task
     python eval.py --model out/es-arithmetic-seed0/step-000140 --n 32 --k 1 4 16 32 --out results.json
+    python eval.py --model Qwen/Qwen2.5-0.5B-Instruct --task gsm8k --data gsm8k_test.jsonl --n 4 --k 1 4
 """
 import argparse
 import json
+from dataclasses import dataclass
 
 from minies import ArgumentParser, UserError, run_script
+from minies.config import ModelOptions, TaskOptions, add_arguments, from_args, option
 from minies.evaluate import evaluate
-from minies.models import SHIPPED_MODEL, load_model, load_tokenizer
-from minies.tasks import DEFAULT_TASK, TASKS, get_task
+from minies.models import load_config, load_model, load_tokenizer, prompt_style_for
+from minies.tasks import get_task
+
+
+@dataclass
+class EvalConfig(TaskOptions, ModelOptions):
+    seed: int = option(0, "task split and sampling seed")
+    problems: int = option(500, "held-out problems to use")
+    n: int = option(32, "samples per problem")
+    k: list = option((1, 4, 16, 32), "k values for pass@k", nargs="+", type=int)
+    temperature: float = option(1.0, "sampling temperature")
+    micro_batch: int = option(256, "sequences per generate call")
+    lenient_answers: bool = option(False, "gsm8k: when a completion has no answer tag and no \\boxed{}, take its last "
+                                   "number (training rewards never do)")
+    out: str = option(None, "also write the metrics to this JSON file")
 
 
 def main(argv=None):
     ap = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", default=SHIPPED_MODEL, help="hub id or local directory (default: the shipped tiny model)")
-    ap.add_argument("--dtype", default="float32", help="float32, bfloat16 or float16 (default: %(default)s)")
-    ap.add_argument("--load-in-8bit", action="store_true", help="load the linear layers in 8-bit (bitsandbytes)")
-    ap.add_argument("--no-chat-template", dest="chat_template", action="store_false",
-                    help="feed the raw question instead of the tokenizer's chat template")
-    ap.add_argument("--task", default=DEFAULT_TASK, choices=sorted(TASKS), help="task (default: %(default)s)")
-    ap.add_argument("--data", default=None, help="local data file for dataset tasks (gsm8k: a JSONL file)")
-    ap.add_argument("--seed", type=int, default=0, help="task split and sampling seed (default: %(default)s)")
-    ap.add_argument("--problems", type=int, default=500, help="held-out problems to use (default: %(default)s)")
-    ap.add_argument("--n", type=int, default=32, help="samples per problem (default: %(default)s)")
-    ap.add_argument("--k", type=int, nargs="+", default=[1, 4, 16, 32], help="k values for pass@k (default: %(default)s)")
-    ap.add_argument("--temperature", type=float, default=1.0, help="sampling temperature (default: %(default)s)")
-    ap.add_argument("--micro-batch", type=int, default=256, help="sequences per generate call (default: %(default)s)")
-    ap.add_argument("--out", default=None, help="also write the metrics to this JSON file")
-    args = ap.parse_args(argv)
-    if args.n < 0 or any(k < 1 for k in args.k):
+    add_arguments(ap, EvalConfig, "evaluation")
+    cfg = from_args(EvalConfig, ap.parse_args(argv))
+    if cfg.n < 0 or any(k < 1 for k in cfg.k):
         raise UserError("--n must be >= 0 and every --k >= 1")
-    too_big = [k for k in args.k if k > args.n]
+    too_big = [k for k in cfg.k if k > cfg.n]
     if too_big:
         raise UserError(f"--k {' '.join(map(str, too_big))}: pass@k needs n >= k samples; raise --n to {max(too_big)}")
 
-    task = get_task(args.task, seed=args.seed, data=args.data)
-    tok = load_tokenizer(args.model)
-    model = load_model(args.model, args.dtype, args.load_in_8bit)
-    metrics = evaluate(model, tok, task, task.test_problems()[:args.problems], n=args.n, ks=args.k,
-                       temperature=args.temperature, seed=args.seed, micro_batch=args.micro_batch,
-                       chat_template=args.chat_template, progress=True)
-    print(f"{args.model} on {args.task} ({metrics['problems']} held-out problems, n={args.n}, T={args.temperature})")
+    style = prompt_style_for(cfg.prompt_style, load_config(cfg.model))
+    task = get_task(cfg.task, seed=cfg.seed, data=cfg.data, prompt_style=style, max_new_tokens=cfg.max_new_tokens,
+                    lenient_answers=cfg.lenient_answers)
+    tok = load_tokenizer(cfg.model)
+    model = load_model(cfg.model, cfg.dtype, cfg.load_in_8bit)
+    metrics = evaluate(model, tok, task, task.test_problems()[:cfg.problems], n=cfg.n, ks=cfg.k,
+                       temperature=cfg.temperature, seed=cfg.seed, micro_batch=cfg.micro_batch,
+                       chat_template=cfg.chat_template, progress=True)
+    print(f"{cfg.model} on {cfg.task} ({metrics['problems']} held-out problems, n={cfg.n}, T={cfg.temperature}, "
+          f"{style} prompts, up to {task.max_new_tokens} new tokens)")
     for key, value in metrics.items():
         if isinstance(value, float):
             print(f"  {key:<16} {value:.4f}")
-    if args.out:
-        with open(args.out, "w") as f:
-            json.dump({"model": args.model, "task": args.task, "temperature": args.temperature, **metrics}, f, indent=1)
+    if cfg.out:
+        with open(cfg.out, "w") as f:
+            json.dump({"model": cfg.model, "task": cfg.task, "prompt_style": style, "max_new_tokens": task.max_new_tokens,
+                       "temperature": cfg.temperature, **metrics}, f, indent=1)
 
 
 if __name__ == "__main__":

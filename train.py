@@ -9,6 +9,7 @@ Every algorithm gets the same prompts, rewards, logging, checkpoints and evaluat
 algorithm itself lives in minies/<algo>.py and only implements `step`.
 """
 import argparse
+import dataclasses
 import json
 import os
 import time
@@ -18,10 +19,12 @@ import torch
 from tqdm import tqdm
 
 from minies import ArgumentParser, UserError, checkpoint, distributed, run_script
-from minies.config import add_arguments, from_args, option
+from minies.config import ModelOptions, TaskOptions, add_arguments, from_args, option
 from minies.evaluate import evaluate
-from minies.models import SHIPPED_MODEL, load_model, load_tokenizer
-from minies.tasks import DEFAULT_TASK, TASKS, get_task
+from minies.models import load_config, load_model, load_tokenizer, prompt_style_for
+from minies.recipes import RECIPES
+from minies.recipes import describe as describe_recipes
+from minies.tasks import get_task
 
 
 def algorithms():
@@ -38,14 +41,10 @@ def algorithms():
 
 
 @dataclass
-class TrainConfig:
+class TrainConfig(TaskOptions, ModelOptions):
     algo: str = option("es", "training algorithm", choices=["es", "grpo", "b3po", "m3po", "c3po"])
-    model: str = option(SHIPPED_MODEL, "hub id or local directory of a causal LM")
-    dtype: str = option("float32", "weights dtype: float32, bfloat16 or float16")
-    load_in_8bit: bool = option(False, "load the linear layers in 8-bit (bitsandbytes LLM.int8)")
-    chat_template: bool = option(True, "wrap questions in the tokenizer's chat template when it has one")
-    task: str = option(DEFAULT_TASK, "task", choices=sorted(TASKS))
-    data: str = option(None, "local data file for dataset tasks (gsm8k: a JSONL file)")
+    recipe: str = option(None, "a paper's hyper-parameters in one flag (listed below); explicit flags still win",
+                         choices=sorted(RECIPES))
     steps: int = option(None, "training steps (default: the algorithm's own, sized for the shipped model)")
     seed: int = option(0, "seed for prompts, sampling and noise")
     out: str = option("out", "directory for run directories")
@@ -60,16 +59,28 @@ class TrainConfig:
 
 
 def parse_args(argv):
-    # Two passes: --algo decides which algorithm's flags exist (so --help shows only those).
+    # Two passes: --recipe and --algo decide which flags exist and their defaults (--help shows only those).
     pre = argparse.ArgumentParser(add_help=False)
-    pre.add_argument("--algo", default="es")
-    algo = pre.parse_known_args(argv)[0].algo
+    pre.add_argument("--algo")
+    pre.add_argument("--recipe")
+    known = pre.parse_known_args(argv)[0]
+    recipe = RECIPES.get(known.recipe)
+    if known.recipe is not None and recipe is None:
+        raise UserError(f"--recipe {known.recipe}: unknown recipe; choose one of {', '.join(RECIPES)}")
+    algo = known.algo or (recipe.algos[0] if recipe else "es")
+    if recipe and algo not in recipe.algos:
+        raise UserError(f"--recipe {known.recipe} is for --algo {' or '.join(recipe.algos)}, not {algo}")
     table = algorithms()
     if algo not in table:
         raise UserError(f"--algo {algo}: unknown or not available; choose one of {', '.join(table)}")
-    parser = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = ArgumentParser(description=__doc__, epilog="recipes (--recipe NAME):\n" + describe_recipes(),
+                            formatter_class=argparse.RawDescriptionHelpFormatter)
     add_arguments(parser, TrainConfig, "training")
     add_arguments(parser, table[algo][0], f"{algo} (see minies/{table[algo][1].__module__.split('.')[-1]}.py)")
+    parser.set_defaults(algo=algo)
+    if recipe:
+        names = {f.name for config in (TrainConfig, table[algo][0]) for f in dataclasses.fields(config)}
+        parser.set_defaults(**{name: value for name, value in recipe.values.items() if name in names})
     args = parser.parse_args(argv)
     return from_args(TrainConfig, args), from_args(table[algo][0], args), table[algo][1]
 
@@ -96,7 +107,11 @@ def main(argv=None):
         raise UserError(f"{run_dir} already holds a run; pass --resume to continue it or --run-name NAME for a new one")
 
     torch.manual_seed(cfg.seed)
-    task = get_task(cfg.task, seed=cfg.seed, data=cfg.data)
+    # The prompt style and generation length are resolved here and recorded in config.json.
+    cfg.prompt_style = prompt_style_for(cfg.prompt_style, load_config(cfg.model))
+    task = get_task(cfg.task, seed=cfg.seed, data=cfg.data, prompt_style=cfg.prompt_style,
+                    max_new_tokens=cfg.max_new_tokens)
+    cfg.max_new_tokens = task.max_new_tokens
     tok = load_tokenizer(cfg.model)
     # Algorithms that save something other than what they train (merged LoRA adapters) restart from
     # the base model and restore the rest from their state; the others reload the checkpoint itself.

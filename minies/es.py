@@ -21,11 +21,18 @@ update is accumulated and applied to the fp32 master, so steps below the bf16 sp
 Memory: 4 bytes per perturbed parameter for the master plus 4 for θ0 (for the drift log), on the host.
 
 8-bit models (bitsandbytes LLM.int8): a Linear8bitLt holds int8 weights W8 and one fp32 scale s per
-row (W ≈ W8·s/127). Its master is the dequantized fp32 weight; perturbed and clean weights are written
-by re-quantizing with the fixed row scales: W8 = clamp(round(x·127/s), −127, 127). The update reaches
+row (W ≈ W8·s/127, s = the row's largest |weight|). Its master is the dequantized fp32 weight; perturbed
+and clean weights are written by re-quantizing: W8 = clamp(round(x·127/s), −127, 127). The update reaches
 the int8 weights the same way, while the fp32 master keeps the sub-step part. Noise smaller than half an
-int8 step (s/254) rounds away, so σ must be comparable to the weights' int8 spacing. Embeddings and
-norms are float tensors and are perturbed like any float weight.
+int8 step (s/254) rounds away, so σ must be comparable to the weights' int8 spacing. Two edge effects:
+- A perturbed weight beyond its row's largest |weight| clamps at ±127 (its noise is cut short). The
+  scales stay fixed while scoring, so restoring stays exact; the log's `int8_clamped` is the fraction of
+  int8 elements clamped per member (a fraction of a percent at the σ that works).
+- An *update* that moves a master row past its scale would be clamped for good, and the model would
+  silently drift from its master. So writing the clean weights rescales such a row: its scale becomes the
+  row's largest |master| and the row is re-quantized. The model always equals quantize(master), within
+  half an int8 step per element, and the drift the log reports is the model's.
+Embeddings and norms are float tensors and are perturbed like any float weight.
 
 Two ways to score the population (--mode). `inplace` (above) writes each member's weights into the
 model and scores the members one after another. `lowrank` (EGGROLL, minies/eggroll.py) never modifies
@@ -48,7 +55,7 @@ from minies.config import option
 from minies.analysis import answer_outcome, js_diversity
 from minies.evaluate import score_rollouts
 from minies.metrics import average_ranks
-from minies.models import int8_row_scales
+from minies.models import int8_row_scales, model_defaults
 from minies.rollout import format_prompts, generate
 
 
@@ -60,8 +67,9 @@ class ESConfig:
     prompts_per_step: int = option(256, "prompts every member is scored on (the same for all members)")
     antithetic: bool = option(True, "mirrored pairs +ε / −ε")
     normalize: str = option("rank", "reward normalisation across members", choices=["rank", "zscore"])
-    params: str = option(r"embed_tokens|layers\.0\.", "regex: perturb only parameters whose name matches "
-                         "('.*': all; the default, the embeddings and the first block, suits the shipped model)")
+    params: str = option(None, "regex: perturb only the parameters whose name matches ('.*': all). Default: the "
+                         "model's own choice (minies_defaults in its config.json; the shipped model: its embeddings "
+                         "and first block), else all weights")
     greedy: bool = option(True, "score members with greedy decoding (else sampled at --temperature)")
     temperature: float = option(1.0, "sampling temperature when not greedy")
     micro_batch: int = option(1024, "sequences per generate call (lowrank: members per call = this // prompts)")
@@ -105,19 +113,30 @@ class PerturbedTensor:
         self.index, self.name, self.param, self.module = index, name, param, module
         self.int8 = param.dtype == torch.int8
         self.master = self.dequantized().detach().float().cpu().clone()
+        self.clamped = 0  # int8 elements clamped to ±127 by perturbed writes, summed until the caller resets it
 
     def dequantized(self):
         return self.param.float() * int8_row_scales(self.module) / 127 if self.int8 else self.param
 
     @torch.no_grad()
-    def write(self, values):
-        """Make the model's tensor the cast of the fp32 `values` (which are on the param's device)."""
+    def write(self, values, rescale=False):
+        """Make the model's tensor the cast of the fp32 `values` (which are on the param's device).
+        int8: W8 = round(values·127/s) with the layer's row scales s. With `rescale`, a row whose largest
+        |value| exceeds its scale first gets that value as its new scale (written into the layer), so the
+        row is re-quantized instead of clamped; otherwise clamped elements are counted in `clamped`."""
         if self.int8:
-            values = torch.round(values * 127 / int8_row_scales(self.module)).clamp_(-127, 127)
+            scales = int8_row_scales(self.module)  # a view of the layer's own scales
+            if rescale:
+                torch.maximum(scales, values.abs().amax(1, keepdim=True), out=scales)
+            values = torch.round(values * 127 / scales.clamp(min=torch.finfo(torch.float32).tiny))
+            self.clamped += int(values.abs().gt(127).sum())
+            values.clamp_(-127, 127)
         self.param.copy_(values.to(self.param.dtype))
 
     def clean(self):
-        self.write(self.master.to(self.param.device))
+        """Write the master itself. For int8 rows that an update moved past their scale, rescale (above):
+        the model then always equals quantize(master), within half an int8 step per element."""
+        self.write(self.master.to(self.param.device), rescale=True)
 
     def perturbed(self, seed, sign, sigma):
         dev = self.param.device
@@ -134,6 +153,7 @@ class ES:
         self.chat_template = chat_template
         self.prompts_per_step = config.prompts_per_step
         owner = {id(p): m for m in model.modules() for p in m.parameters(recurse=False)}
+        config.params = config.params or model_defaults(model.config)["es_params"]  # recorded in config.json
         pattern = re.compile(config.params)
         self.tensors = [PerturbedTensor(i, name, p, owner[id(p)])
                         for i, (name, p) in enumerate(model.named_parameters()) if pattern.search(name)]

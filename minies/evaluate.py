@@ -1,5 +1,7 @@
 """Held-out evaluation shared by eval.py and train.py: pass@k from n samples per problem, greedy
-accuracy, malformed rate, mean full-vocabulary token entropy and mean completion length."""
+accuracy, malformed rate, truncated rate (completions cut off at max_new_tokens, which a reasoning model
+needs to watch: a cut-off trace has no answer), mean full-vocabulary token entropy and mean completion
+length."""
 import numpy as np
 import torch
 from tqdm import tqdm
@@ -21,7 +23,7 @@ def evaluate(model, tokenizer, task, problems, n=16, ks=(1, 16), temperature=1.0
     result = {"problems": len(problems), "n": n}
     if n > 0:
         correct = np.zeros(len(problems), dtype=int)
-        malformed, entropy, length = [], [], []
+        malformed, truncated, entropy, length = [], [], [], []
         # One block of problems at a time, so the bar moves and memory stays bounded.
         block = max(1, micro_batch // n)
         starts = range(0, len(problems), block)
@@ -33,6 +35,7 @@ def evaluate(model, tokenizer, task, problems, n=16, ks=(1, 16), temperature=1.0
             scores = score_rollouts(task, batch_problems, r.texts)
             correct[s:s + block] = np.array([sc.correct for sc in scores]).reshape(-1, n).sum(1)
             malformed += [sc.malformed for sc in scores]
+            truncated += r.truncated(tokenizer.eos_token_id).tolist()
             _, ent = completion_logprobs(model, r.prompt_ids, r.prompt_mask, r.completion_ids, r.completion_mask,
                                          temperature, with_entropy=True, chunk=micro_batch)
             entropy.append(masked_mean(ent, r.completion_mask) * r.completion_mask.sum().item())
@@ -41,6 +44,7 @@ def evaluate(model, tokenizer, task, problems, n=16, ks=(1, 16), temperature=1.0
             if k <= n:
                 result[f"pass@{k}"] = mean_pass_at_k(correct, n, k)
         result["malformed_rate"] = float(np.mean(malformed))
+        result["truncated_rate"] = float(np.mean(truncated))
         result["entropy"] = sum(entropy) / max(sum(length), 1)
         result["mean_length"] = sum(length) / (len(problems) * n)
     if greedy:

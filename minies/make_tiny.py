@@ -25,6 +25,9 @@ from minies.tasks import Arithmetic
 
 SPECIAL = ["<pad>", "<eos>", "<unk>"]
 WORDS = ["<answer>", "</answer>", "<|user|>", "<|assistant|>"]  # single tokens, kept when decoding
+# The terse prompts it is trained on, and ES perturbing only the embeddings and the first block, where
+# nearly all of this model's reward gradient lies (docs/tiny-model.md).
+SHIPPED_DEFAULTS = {"prompt_style": "terse", "es_params": r"embed_tokens|layers\.0\."}
 CHAT_TEMPLATE = ("{% for m in messages %}<|user|>{{ m['content'] }}{% endfor %}"
                  "{% if add_generation_prompt %}<|assistant|>{% endif %}")
 
@@ -50,6 +53,9 @@ def build_model(tok, hidden, layers, seed):
                          num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2,
                          max_position_embeddings=128, tie_word_embeddings=True, pad_token_id=tok.pad_token_id,
                          eos_token_id=tok.eos_token_id, bos_token_id=None)
+    # What minies should assume for this model unless told otherwise (minies.models.model_defaults); saved in
+    # config.json, so every checkpoint trained from it keeps them.
+    config.minies_defaults = SHIPPED_DEFAULTS
     return Qwen2ForCausalLM(config)
 
 

@@ -21,6 +21,34 @@ huggingface_hub.utils.logging.set_verbosity_error()  # no network: our one-line 
 logging.getLogger("bitsandbytes").setLevel(logging.ERROR)
 
 
+# What minies assumes for a model whose config.json names nothing else: an instruction-tuned model, asked in
+# full instructions, with ES perturbing every weight as the papers do. A model can name its own in a
+# "minies_defaults" entry of its config.json, as the shipped tiny model does.
+MODEL_DEFAULTS = {"prompt_style": "instruct", "es_params": ".*"}
+
+
+def model_defaults(config):
+    """MODEL_DEFAULTS updated with what the model's `config` (a transformers config) names."""
+    return {**MODEL_DEFAULTS, **(getattr(config, "minies_defaults", None) or {})}
+
+
+def prompt_style_for(style, config):
+    """"terse" or "instruct": `style` itself, or for "auto" the model's own default (model_defaults)."""
+    return model_defaults(config)["prompt_style"] if style == "auto" else style
+
+
+def load_config(name=SHIPPED_MODEL):
+    """The model's transformers config (config.json alone, no weights): enough to choose defaults before
+    a large model is loaded."""
+    from transformers import AutoConfig
+
+    _check_source(name)
+    try:
+        return AutoConfig.from_pretrained(os.path.expanduser(name))
+    except Exception as e:  # network, missing files, bad id: one line for the user
+        raise UserError(f"--model {name}: cannot load its config ({type(e).__name__}: {str(e).splitlines()[0]})")
+
+
 def default_device():
     return torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
 
@@ -78,7 +106,8 @@ def model_device(model):
 
 
 def int8_row_scales(linear):
-    """The fp32 row scales of a bitsandbytes Linear8bitLt (W ≈ W_int8 · scale / 127), as a column.
-    bitsandbytes keeps them on the weight until the first forward, then on the layer's state."""
+    """The fp32 row scales of a bitsandbytes Linear8bitLt (W ≈ W_int8 · scale / 127), as a column: a view,
+    so writing into it changes the layer's scales (ES rescales rows this way). bitsandbytes keeps them on
+    the weight until the first forward, then on the layer's state."""
     scales = linear.weight.SCB if linear.weight.SCB is not None else linear.state.SCB
-    return scales.float()[:, None]
+    return scales[:, None]

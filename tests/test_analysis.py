@@ -30,19 +30,22 @@ def test_answer_outcome_arithmetic(completion, expected):
 
 
 def test_answer_outcome_countdown():
-    task, problem = Countdown(test_size=1), SolvedProblem("Use 3 7 12 to make 33", "33", "3*7+12")
+    task = Countdown(test_size=1)
+    problem = task.make_problem([3, 7, 12], 33, "3*7+12")
     assert outcome(task, "<answer>12+3*7</answer>", problem) == "correct"
     assert outcome(task, "<answer>3+7+12</answer>", problem) == "3+7+12"
     assert outcome(task, "<answer>3+</answer>", problem) == "malformed"
 
 
 def test_answer_outcome_gsm8k_reads_where_its_verifier_reads():
-    task, problem = GSM8K(data=GSM8K_FILE, test_size=1), SolvedProblem("q", "18", "... #### 18")
+    task, problem = GSM8K(data=GSM8K_FILE, test_size=1, lenient=True), SolvedProblem("q", "18", "... #### 18")
     assert outcome(task, "so <answer>18</answer>", problem) == "correct"
     assert outcome(task, "so <answer>17</answer>", problem) == "17"
     assert outcome(task, "it is \\boxed{1,700} dollars", problem) == "1,700"  # no tag: the last \boxed{}
     assert outcome(task, "3 eggs, then 16-3-4=9 left", problem) == "9"  # no tag, no box: the last number
     assert outcome(task, "no idea", problem) == "malformed"
+    strict = GSM8K(data=GSM8K_FILE, test_size=1)  # training's reading: no tag and no box is no answer
+    assert outcome(strict, "3 eggs, then 16-3-4=9 left", problem) == "malformed"
 
 
 def test_js_diversity_of_identical_members_is_zero():

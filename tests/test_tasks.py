@@ -91,7 +91,7 @@ def test_arithmetic_ground_truth():
 
 # ---- countdown ----
 
-COUNTDOWN = Problem("Use 3 7 12 to make 33", "33")
+COUNTDOWN = Countdown(test_size=1).make_problem([3, 7, 12], 33)
 
 
 @pytest.mark.parametrize("expr", ["3*7+12", "12+7*3", " ( 12 + 7 * 3 ) ", "((3*7))+12", "7*3+12", "3.0*7+12"])
@@ -102,7 +102,7 @@ def test_countdown_correct(expr):
 
 
 def test_countdown_exact_fractions():
-    p = Problem("Use 3 4 8 to make 6", "6")
+    p = Countdown(test_size=1).make_problem([3, 4, 8], 6)
     assert Countdown(test_size=1).score("<answer>8/(4/3)</answer>", p).correct  # 4/3 is not a float here
 
 
@@ -184,9 +184,9 @@ def test_solved_problem_equality_ignores_the_reference():
 
 # ---- splits, for every task ----
 
-@pytest.mark.parametrize("name", sorted(TASKS))
-def test_train_and_test_never_overlap(name):
-    task = get_task(name, seed=0, data=GSM8K_FILE)
+@pytest.mark.parametrize("name,style", [(name, style) for name in sorted(TASKS) for style in ("terse", "instruct")])
+def test_train_and_test_never_overlap(name, style):
+    task = get_task(name, seed=0, data=GSM8K_FILE if name == "gsm8k" else None, prompt_style=style)
     test = {p.question for p in task.test_problems()}
     train = task.train_problems(2000, seed=0)
     assert len(test) == len(task.test_problems()) > 0 and len(train) == 2000
@@ -199,15 +199,18 @@ def test_train_and_test_never_overlap(name):
 def test_gsm8k_every_reference_answer_scores_correct():
     rows = [json.loads(line) for line in GSM8K_FILE.read_text().splitlines()]
     assert len(rows) == 1319
-    task = GSM8K(data=GSM8K_FILE)
+    task, lenient = GSM8K(data=GSM8K_FILE), GSM8K(data=GSM8K_FILE, lenient=True)
     n_train = len(rows) - len(task.test_problems())
     by_question = {p.question: p for p in task.test_problems() + task.train_problems(n_train, seed=0)}
     assert set(by_question) == {r["question"] for r in rows}  # one train pass covers the rest, once each
     for r in rows:
         p = by_question[r["question"]]
-        assert task.solution(p) == r["answer"]
-        s = task.score(r["answer"], p)
+        assert task.solution(p).startswith(r["answer"].rpartition("####")[0].rstrip())
+        assert task.score(task.solution(p), p).correct
+        # The file's own "#### 42" line is an answer only to the lenient reading.
+        s = lenient.score(r["answer"], p)
         assert s.correct and not s.malformed, r["answer"][-40:]
+        assert task.score(r["answer"], p).malformed
 
 
 def test_gsm8k_split_is_seeded():
@@ -235,7 +238,7 @@ def test_gsm8k_split_is_seeded():
     ("1" * 100, "1", False),
 ])
 def test_gsm8k_score(completion, answer, correct):
-    task = GSM8K(data=GSM8K_FILE, test_size=1)
+    task = GSM8K(data=GSM8K_FILE, test_size=1, lenient=True)
     s = task.score(completion, Problem("q", answer))
     assert s.correct == correct and not s.malformed
     assert s.reward == pytest.approx(float(correct) + FORMAT_BONUS)
@@ -243,8 +246,27 @@ def test_gsm8k_score(completion, answer, correct):
 
 @pytest.mark.parametrize("completion", ["", "no number here", "<answer>eighteen</answer> 18", "\\boxed{x} 18"])
 def test_gsm8k_malformed(completion):
-    s = GSM8K(data=GSM8K_FILE, test_size=1).score(completion, Problem("q", "18"))
+    s = GSM8K(data=GSM8K_FILE, test_size=1, lenient=True).score(completion, Problem("q", "18"))
     assert s.malformed and not s.correct and s.reward == 0.0
+
+
+@pytest.mark.parametrize("completion,correct", [
+    ("<answer>18</answer>", True),
+    ("so \\boxed{18}", True),
+    ("<answer>17</answer> so 18", False),
+])
+def test_gsm8k_strict_reads_only_the_tag_or_boxed(completion, correct):
+    s = GSM8K(data=GSM8K_FILE, test_size=1).score(completion, Problem("q", "18"))
+    assert s.correct == correct and not s.malformed
+
+
+@pytest.mark.parametrize("completion", ["so she makes $18 a day.\n#### 18", "The answer is 18", "18"])
+def test_gsm8k_strict_ignores_untagged_numbers(completion):
+    """Training rewards are strict: a number outside the tag or \\boxed{} (a cut-off trace whose last
+    number happens to be right) earns nothing; only the lenient evaluation reads it."""
+    problem = Problem("q", "18")
+    assert GSM8K(data=GSM8K_FILE, test_size=1).score(completion, problem).malformed
+    assert GSM8K(data=GSM8K_FILE, test_size=1, lenient=True).score(completion, problem).correct
 
 
 def test_gsm8k_hostile():

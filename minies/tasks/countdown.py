@@ -1,0 +1,178 @@
+"""Countdown: combine the given numbers with + - * / and parentheses, each number exactly once, to hit a
+target. The task of the founding ES papers (TinyZero's Countdown-Tasks-3to4, Qiu et al. 2025).
+
+Problems are generated (every one solvable by construction: the target is the value of a random expression
+over the numbers) or read from a data file in the public format: JSON Lines or a JSON list whose rows hold
+`numbers` (or `nums`, TinyZero's name) and `target`.
+
+    terse     "Use 3 7 12 to make 33"; 3 numbers in 1..20, any positive integer target. Short, for a
+              character-level model.
+    instruct  the numbers, the target, the operators, each number exactly once, reasoning inside
+              <think> </think> and the final expression inside <answer> </answer>, with an example;
+              3 or 4 numbers in 1..99 and a target in 1..100, as in TinyZero's set.
+
+The completion must contain "<answer>EXPR</answer>" (the last one counts). EXPR may hold non-negative
+integer or decimal numbers, + - * /, parentheses and spaces; no unary minus, no "=", no other symbol. The
+verifier parses and evaluates it by hand (recursive descent, exact Fractions, never Python's eval).
+Malformed (reward 0): no answer tag, an EXPR that does not parse, is longer than MAX_CHARS, nests
+parentheses deeper than MAX_DEPTH, or divides by zero (it has no value).
+Well formed but wrong (reward FORMAT_BONUS): any other EXPR whose numbers are not the given ones as a
+multiset (compared by value, so 3.0 counts as 3) or whose value is not exactly the target.
+"""
+import operator
+import re
+from dataclasses import dataclass, field
+from fractions import Fraction
+
+from minies.tasks.base import SolvedProblem, Task, last_answer_tag, make_score
+
+OPS = {"+": operator.add, "-": operator.sub, "*": operator.mul, "/": operator.truediv}
+EXPR_TOKEN = re.compile(r"[0-9]+(?:\.[0-9]+)?|\S")
+EXPR_NUMBER = re.compile(r"[0-9]+(?:\.[0-9]+)?")
+# (numbers per problem, smallest number, largest number, largest target or None) of generated problems
+GENERATED = {"terse": ((3,), 1, 20, None), "instruct": ((3, 4), 1, 99, 100)}
+
+
+@dataclass(frozen=True)
+class CountdownProblem(SolvedProblem):
+    numbers: tuple = field(default=(), compare=False)  # the numbers to use; the target is `answer`
+
+
+class Countdown(Task):
+    """See the module docstring. `count`, `low` and `high` override the style's generated numbers."""
+
+    name = "countdown"
+    reads_data = True
+    # terse: "<answer>" and "</answer>" are one token each and 3 numbers need ~12 characters;
+    # instruct: room to reason, as Qiu et al. generate up to 1024 tokens.
+    default_max_new_tokens = {"terse": 32, "instruct": 1024}
+    MAX_CHARS = 200  # also bounds every literal and intermediate value to a few hundred digits
+    MAX_DEPTH = 10  # a real solution over a few numbers nests far less
+
+    def __init__(self, seed=0, test_size=500, count=None, low=None, high=None, prompt_style="terse", **kwargs):
+        counts, default_low, default_high, self.max_target = GENERATED.get(prompt_style, GENERATED["terse"])
+        self.counts = counts if count is None else (count,)
+        self.low = default_low if low is None else low
+        self.high = default_high if high is None else high
+        if not 1 <= self.low <= self.high:
+            raise ValueError("Countdown needs 1 <= low <= high (positive numbers always sum to a target)")
+        super().__init__(seed, test_size, prompt_style=prompt_style, **kwargs)
+
+    def make_problem(self, numbers, target, reference=None):
+        numbers = tuple(numbers)
+        listed = " ".join(map(str, numbers))
+        if self.prompt_style == "terse":
+            question = f"Use {listed} to make {target}"
+        else:
+            question = (f"Using the numbers [{', '.join(map(str, numbers))}], create an equation that equals {target}. "
+                        "You can use +, -, *, / and parentheses, and each number must be used exactly once. Show "
+                        "your reasoning inside <think> </think> tags, then give only the final equation inside "
+                        "<answer> </answer> tags, for example <answer> (1 + 2) / 3 </answer>.")
+        return CountdownProblem(question, str(target), reference, numbers)
+
+    def problem(self, rng):
+        while True:
+            count = self.counts[0] if len(self.counts) == 1 else rng.choice(self.counts)
+            numbers = [rng.randint(self.low, self.high) for _ in range(count)]
+            # A few tries per draw: an all-"+" expression over positive numbers is always a positive
+            # integer, so only a bound on the target can make a draw fail.
+            for _ in range(100):
+                value, text, _ = random_expression(rng, rng.sample(numbers, len(numbers)))
+                if value > 0 and value.denominator == 1 and (self.max_target is None or value <= self.max_target):
+                    return self.make_problem(numbers, int(value), text)
+
+    def parse_row(self, row):
+        if not isinstance(row, dict):
+            raise ValueError("expected a JSON object with \"numbers\" (or \"nums\") and \"target\"")
+        numbers, target = row.get("numbers", row.get("nums")), row.get("target")
+        if not (isinstance(numbers, list) and 2 <= len(numbers) <= 6
+                and all(isinstance(n, int) and not isinstance(n, bool) and n > 0 for n in numbers)):
+            raise ValueError("\"numbers\" (or \"nums\") must be a list of 2 to 6 positive integers")
+        if not (isinstance(target, int) and not isinstance(target, bool)):
+            raise ValueError("\"target\" must be an integer")
+        return self.make_problem(numbers, target)
+
+    def score(self, completion, problem):
+        try:
+            value, literals = parse_expression(last_answer_tag(completion), self.MAX_CHARS, self.MAX_DEPTH)
+        except (ValueError, ZeroDivisionError):
+            return make_score(False, True)
+        given = sorted(Fraction(n) for n in problem.numbers)
+        return make_score(sorted(literals) == given and value == Fraction(problem.answer), False)
+
+    def solution(self, problem):
+        return f"<answer>{problem.reference}</answer>"
+
+
+def random_expression(rng, numbers):
+    """A random expression using each of `numbers` once, in order: (value, text, precedence).
+
+    Parentheses are added only where precedence needs them, to keep the reference solution short.
+    """
+    if len(numbers) == 1:
+        return Fraction(numbers[0]), str(numbers[0]), 3
+    split = rng.randint(1, len(numbers) - 1)
+    a, a_text, a_prec = random_expression(rng, numbers[:split])
+    b, b_text, b_prec = random_expression(rng, numbers[split:])
+    op = rng.choice("+-*/" if b else "+-*")
+    prec = 1 if op in "+-" else 2
+    if a_prec < prec:
+        a_text = f"({a_text})"
+    if b_prec < prec or (b_prec == prec and op in "-/"):  # a-(b+c) and a/(b*c) need them, a+(b-c) not
+        b_text = f"({b_text})"
+    return OPS[op](a, b), f"{a_text}{op}{b_text}", prec
+
+
+def parse_expression(text, max_chars, max_depth):
+    """Exact value and number literals of an arithmetic expression, by recursive descent:
+
+        expr := term (("+" | "-") term)*      term := atom (("*" | "/") atom)*
+        atom := NUMBER | "(" expr ")"
+
+    Raises ValueError if `text` is None, too long, nested too deeply or not an expression, and
+    ZeroDivisionError on division by zero. The caps bound both the time and the recursion depth.
+    """
+    if text is None or len(text) > max_chars:
+        raise ValueError("no expression, or too long")
+    tokens, pos, literals = EXPR_TOKEN.findall(text), 0, []
+
+    def peek():
+        return tokens[pos] if pos < len(tokens) else None
+
+    def take():
+        nonlocal pos
+        token, pos = peek(), pos + 1
+        return token
+
+    def expr(depth):
+        value = term(depth)
+        while peek() in ("+", "-"):
+            op = take()
+            value = OPS[op](value, term(depth))
+        return value
+
+    def term(depth):
+        value = atom(depth)
+        while peek() in ("*", "/"):
+            op = take()
+            value = OPS[op](value, atom(depth))
+        return value
+
+    def atom(depth):
+        token = take()
+        if token == "(":
+            if depth == max_depth:
+                raise ValueError("nested too deeply")
+            value = expr(depth + 1)
+            if take() != ")":
+                raise ValueError("unbalanced parentheses")
+            return value
+        if token is None or not EXPR_NUMBER.fullmatch(token):
+            raise ValueError(f"unexpected {token!r}")
+        literals.append(Fraction(token))
+        return literals[-1]
+
+    value = expr(0)
+    if pos != len(tokens):
+        raise ValueError(f"unexpected {tokens[pos]!r}")
+    return value, literals

@@ -1,0 +1,67 @@
+"""GSM8K: grade-school math word problems from a local JSON Lines file (`--data`), e.g. the GSM8K test set.
+
+Each row is {"question": ..., "answer": "worked solution ... #### 42"}.
+
+    terse     the bare question.
+    instruct  the question, then: reason step by step and give the final number inside <answer> </answer>.
+
+Scoring reads one number from the completion: the last number inside the last <answer> tag if there is
+one, else inside the last \\boxed{...} (the answer format of Qwen-Math's prompts). Numbers may have
+thousands commas, a sign and decimals, and are compared exactly ("3.50" == "3.5", "$1,000." == "1000").
+Malformed: no number where one is looked for.
+
+Strict and lenient answers. Training rewards are strict: only the tag or \\boxed{} count. The lenient mode
+(`lenient=True`, eval.py --lenient-answers) falls back to the last number anywhere in the completion, as
+many evaluations of untuned models do; under it almost every completion is well formed, and a reasoning
+trace cut off by the token limit whose last number happens to be right would earn the full reward.
+"""
+import re
+from fractions import Fraction
+
+from minies.tasks.base import SolvedProblem, Task, last_answer_tag, make_score
+
+# A minus sign counts only where it cannot be subtraction, so "16-3-4=9" yields 9, not -4.
+GSM8K_NUMBER = re.compile(r"(?:(?<![\w)])-)?(?:[0-9]{1,3}(?:,[0-9]{3})+(?:\.[0-9]+)?|[0-9]*\.?[0-9]+)")
+BOXED = re.compile(r"\\boxed\{([^{}]*)\}")
+ROW_FORMAT = ('expected a JSON object with string fields "question" and "answer", the answer ending in '
+              '"#### <number>"')
+
+
+class GSM8K(Task):
+    name = "gsm8k"
+    reads_data = needs_data = True
+    data_help = ("--task gsm8k needs --data FILE: a local JSONL file with one "
+                 '{"question": ..., "answer": "... #### <number>"} per line (e.g. tests/data/gsm8k_test.jsonl)')
+    default_max_new_tokens = {"terse": 256, "instruct": 512}
+
+    def __init__(self, seed=0, data=None, test_size=500, lenient=False, **kwargs):
+        self.lenient = lenient
+        super().__init__(seed, test_size, data=data, **kwargs)
+
+    def parse_row(self, row):
+        if not (isinstance(row, dict) and isinstance(row.get("question"), str) and isinstance(row.get("answer"), str)):
+            raise ValueError(ROW_FORMAT)
+        reasoning, sep, final = row["answer"].rpartition("####")
+        final = final.strip()
+        if not sep or not GSM8K_NUMBER.fullmatch(final):
+            raise ValueError(ROW_FORMAT)
+        question = row["question"]
+        if self.prompt_style == "instruct":
+            question += ("\nSolve the problem step by step. Then give the final answer, a number only, inside "
+                         "<answer> </answer> tags, for example <answer>42</answer>.")
+        return SolvedProblem(question, final.replace(",", ""), reasoning.rstrip())
+
+    def score(self, completion, problem):
+        tagged = last_answer_tag(completion)
+        boxed = BOXED.findall(completion)
+        text = tagged if tagged is not None else boxed[-1] if boxed else completion if self.lenient else ""
+        found = GSM8K_NUMBER.findall(text)
+        if not found:
+            return make_score(False, True)
+        # Longer numbers never match a GSM8K answer, and Fraction() would be slow on (or refuse) huge ones.
+        correct = len(found[-1]) <= 40 and Fraction(found[-1].replace(",", "")) == Fraction(problem.answer)
+        return make_score(correct, False)
+
+    def solution(self, problem):
+        """The worked solution of the data file, then its final number in the answer tag."""
+        return f"{problem.reference}\n<answer>{problem.answer}</answer>"
