@@ -25,13 +25,11 @@ import time
 import numpy as np
 import torch
 
+from bench.qwen_shapes import QWEN_05B
 from minies.es import ES, ESConfig, member_seeds, noise
 from minies.models import SHIPPED_MODEL, load_model, load_tokenizer, model_device
 from minies.rollout import format_prompts, generate
 from minies.tasks import Arithmetic
-
-QWEN_05B = dict(hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14,
-                num_key_value_heads=2, vocab_size=151936, max_position_embeddings=4096, tie_word_embeddings=True)
 
 
 def build(args):

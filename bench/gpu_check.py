@@ -1,0 +1,151 @@
+"""A GPU check, ready to run: every algorithm for a few steps on a random model of Qwen2.5-0.5B's shape.
+
+    python -m bench.gpu_check                                   # on one CUDA GPU: bfloat16 and 8-bit
+    python -m bench.gpu_check --shape scaled --allow-cpu --dtypes float32,float32+8bit   # CPU, seconds
+
+Nothing is downloaded: the model is save_random_qwen2 (bench/qwen_shapes.py) with Qwen2.5's shapes,
+special tokens and chat template, so loading, 8-bit conversion, generation and training run the same
+code a real checkpoint runs. Each (algorithm, dtype) row is a call of train.main in this process and
+reports pass/fail, peak GPU memory (torch.cuda.max_memory_allocated, reset before each run) and the
+mean step time from the run's log.jsonl. Then ES's exact restore is checked on the device: 20 cycles of
+writing perturbed weights and clean ones leave every parameter and buffer bit-identical.
+"""
+import argparse
+import gc
+import json
+import os
+import tempfile
+import traceback
+from dataclasses import dataclass
+
+import torch
+
+import train
+from bench.qwen_shapes import QWEN2_SHAPES, save_random_qwen2, scaled_shape
+from minies import ArgumentParser, run_script
+from minies.config import add_arguments, from_args, option
+from minies.es import ES, ESConfig, member_seeds
+from minies.models import load_model, load_tokenizer, model_device
+
+# The train.py flags of every run, in one place to adjust. --params '.*': ES perturbs every tensor,
+# int8 ones included, so the whole write path runs (the default regex suits the shipped model only).
+COMMON = ["--task", "countdown", "--eval-problems", "8", "--final-samples", "1", "--eval-every", "0",
+          "--save-every", "1000"]
+ES_FLAGS = ["--algo", "es", "--population", "8", "--prompts-per-step", "16", "--params", ".*"]
+GRPO_FLAGS = ["--prompts", "8", "--group-size", "4"]
+ALGOS = {"es-inplace": ES_FLAGS + ["--mode", "inplace"], "es-lowrank": ES_FLAGS + ["--mode", "lowrank"],
+         "grpo": ["--algo", "grpo"] + GRPO_FLAGS, "b3po": ["--algo", "b3po"] + GRPO_FLAGS,
+         "m3po": ["--algo", "m3po"] + GRPO_FLAGS, "c3po": ["--algo", "c3po"] + GRPO_FLAGS}
+LORA_8BIT = ["--lora-rank", "16"]  # 8-bit weights are not trained directly: GRPO and 3PO train LoRA adapters
+
+
+@dataclass
+class CheckConfig:
+    shape: str = option("0.5b", "model shape: a Qwen2.5 size, or 'scaled' (0.5B's scaled down, for CPU tests)",
+                        choices=[*QWEN2_SHAPES, "scaled"])
+    dtypes: str = option("bfloat16,bfloat16+8bit", "comma-separated load dtypes; +8bit: with --load-in-8bit")
+    algos: str = option(",".join(ALGOS), "comma-separated algorithms to run")
+    steps: int = option(3, "training steps per run")
+    max_new_tokens: int = option(64, "completion length of every rollout")
+    restore_cycles: int = option(20, "perturb/clean cycles of the exact-restore check")
+    allow_cpu: bool = option(False, "without CUDA, run on the CPU instead of stopping (for tests)")
+    out: str = option(None, "directory for the model and the runs (default: a temporary one)")
+
+
+def train_flags(cfg, algo, dtype, model_dir, out):
+    """train.py's argument list for one row of the check."""
+    load_dtype, _, eight_bit = dtype.partition("+")
+    flags = ["--model", model_dir, "--dtype", load_dtype, "--out", out, "--run-name", f"{algo}-{dtype}",
+             "--steps", str(cfg.steps), "--max-new-tokens", str(cfg.max_new_tokens), *COMMON, *ALGOS[algo]]
+    if eight_bit:
+        flags += ["--load-in-8bit"] + (LORA_8BIT if not algo.startswith("es") else [])
+    return flags
+
+
+def run_one(cfg, algo, dtype, model_dir, out):
+    """Train one (algorithm, dtype) in this process: (passed, peak GiB or None, mean step seconds, error)."""
+    cuda = torch.cuda.is_available()
+    gc.collect()
+    if cuda:
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()
+    try:
+        train.main(train_flags(cfg, algo, dtype, model_dir, out))
+        with open(os.path.join(out, f"{algo}-{dtype}", "log.jsonl")) as f:
+            rows = [json.loads(line) for line in f]
+        passed = len(rows) == cfg.steps and all(r["reward_mean"] == r["reward_mean"] for r in rows)  # no NaN
+        error = None if passed else f"{len(rows)} log rows for {cfg.steps} steps, or a NaN reward"
+        step_s = rows[-1]["seconds"] / len(rows) if rows else float("nan")
+    except Exception as e:  # a row that fails must not stop the others
+        traceback.print_exc()
+        passed, step_s, error = False, float("nan"), f"{type(e).__name__}: {e}"
+    peak = torch.cuda.max_memory_allocated() / 2**30 if cuda else None
+    return passed, peak, step_s, error
+
+
+def snapshot(model):
+    """A copy of every parameter and buffer, to compare with bit for bit."""
+    return {name: t.detach().clone() for name, t in [*model.named_parameters(), *model.named_buffers()]}
+
+
+@torch.no_grad()
+def restore_is_exact(model_dir, dtype, cycles):
+    """Whether `cycles` ES perturb/clean cycles (each with a forward at the perturbed weights) give back
+    every parameter and buffer bit-identical. One forward comes first: bitsandbytes moves the int8 row
+    scales to the layer's state on the first forward, and the check is about what training sees after."""
+    load_dtype, _, eight_bit = dtype.partition("+")
+    model = load_model(model_dir, load_dtype, bool(eight_bit))
+    tok = load_tokenizer(model_dir)
+    ids = tok(["<|im_start|>user\n1 2 3<|im_end|>\n"], return_tensors="pt").to(model_device(model))
+    model(**ids)
+    before = snapshot(model)
+    es = ES(model, tok, None, ESConfig(params=".*"))
+    for seed, sign in member_seeds(0, cycles, antithetic=True):
+        for t in es.tensors:
+            t.perturbed(seed, sign, es.cfg.sigma)
+        model(**ids)
+        for t in es.tensors:
+            t.clean()
+    after = snapshot(model)
+    return all(torch.equal(before[name], after[name]) for name in before)
+
+
+def build_model(cfg, out):
+    """Save the random model under test; the full shapes in bfloat16 (half the disk and load time)."""
+    shape = scaled_shape("0.5b") if cfg.shape == "scaled" else QWEN2_SHAPES[cfg.shape]
+    return save_random_qwen2(os.path.join(out, "model"), shape, "float32" if cfg.shape == "scaled" else "bfloat16")
+
+
+def check(cfg, out):
+    """Run every row and the restore checks, print them; returns ([(algo, dtype, passed, ...)], {dtype: exact})."""
+    model_dir = build_model(cfg, out)
+    dtypes, algos = cfg.dtypes.split(","), cfg.algos.split(",")
+    rows = [(algo, dtype, *run_one(cfg, algo, dtype, model_dir, out)) for dtype in dtypes for algo in algos]
+    exact = {dtype: restore_is_exact(model_dir, dtype, cfg.restore_cycles) for dtype in dtypes}
+    print(f"\n# gpu_check: {cfg.shape} shape, {cfg.steps} steps, {cfg.max_new_tokens} new tokens, on "
+          f"{torch.cuda.get_device_name() if torch.cuda.is_available() else 'CPU'}")
+    print(f"{'algorithm':12s} {'dtype':16s} {'result':6s} {'peak GiB':>9s} {'s/step':>8s}")
+    for algo, dtype, passed, peak, step_s, error in rows:
+        peak_text = f"{peak:9.2f}" if peak is not None else f"{'-':>9s}"
+        print(f"{algo:12s} {dtype:16s} {'pass' if passed else 'FAIL':6s} {peak_text} {step_s:8.2f}"
+              + (f"  {error}" if error else ""))
+    for dtype, ok in exact.items():
+        print(f"ES restore after {cfg.restore_cycles} cycles, {dtype}: {'bit-exact' if ok else 'NOT EXACT'}")
+    return rows, exact
+
+
+def main(argv=None):
+    parser = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_arguments(parser, CheckConfig, "gpu check")
+    cfg = from_args(CheckConfig, parser.parse_args(argv))
+    if not torch.cuda.is_available() and not cfg.allow_cpu:
+        print("bench.gpu_check needs a CUDA GPU (or --allow-cpu with --shape scaled); nothing to do here")
+        return None
+    if cfg.out:
+        return check(cfg, cfg.out)
+    with tempfile.TemporaryDirectory() as out:
+        return check(cfg, out)
+
+
+if __name__ == "__main__":
+    run_script(main)
