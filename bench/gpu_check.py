@@ -31,8 +31,9 @@ from minies.models import load_model, load_tokenizer, model_device
 # int8 ones included, so the whole write path runs (the default regex suits the shipped model only).
 COMMON = ["--task", "countdown", "--eval-problems", "8", "--final-samples", "1", "--eval-every", "0",
           "--save-every", "1000"]
-ES_FLAGS = ["--algo", "es", "--population", "8", "--prompts-per-step", "16", "--params", ".*"]
-GRPO_FLAGS = ["--prompts", "8", "--group-size", "4"]
+# ES scores 8 members on --prompts prompts; GRPO and 3PO sample groups of 4 for half as many prompts.
+ES_FLAGS = ["--algo", "es", "--population", "8", "--params", ".*"]
+GRPO_FLAGS = ["--group-size", "4"]
 ALGOS = {"es-inplace": ES_FLAGS + ["--mode", "inplace"], "es-lowrank": ES_FLAGS + ["--mode", "lowrank"],
          "grpo": ["--algo", "grpo"] + GRPO_FLAGS, "b3po": ["--algo", "b3po"] + GRPO_FLAGS,
          "m3po": ["--algo", "m3po"] + GRPO_FLAGS, "c3po": ["--algo", "c3po"] + GRPO_FLAGS}
@@ -47,6 +48,7 @@ class CheckConfig:
     algos: str = option(",".join(ALGOS), "comma-separated algorithms to run")
     steps: int = option(3, "training steps per run")
     max_new_tokens: int = option(64, "completion length of every rollout")
+    prompts: int = option(16, "prompts per ES step (GRPO and 3PO: half as many, 4 completions each)")
     restore_cycles: int = option(20, "perturb/clean cycles of the exact-restore check")
     allow_cpu: bool = option(False, "without CUDA, run on the CPU instead of stopping (for tests)")
     out: str = option(None, "directory for the model and the runs (default: a temporary one)")
@@ -56,7 +58,9 @@ def train_flags(cfg, algo, dtype, model_dir, out):
     """train.py's argument list for one row of the check."""
     load_dtype, _, eight_bit = dtype.partition("+")
     flags = ["--model", model_dir, "--dtype", load_dtype, "--out", out, "--run-name", f"{algo}-{dtype}",
-             "--steps", str(cfg.steps), "--max-new-tokens", str(cfg.max_new_tokens), *COMMON, *ALGOS[algo]]
+             "--steps", str(cfg.steps), "--max-new-tokens", str(cfg.max_new_tokens), *COMMON, *ALGOS[algo],
+             *(["--prompts-per-step", str(cfg.prompts)] if algo.startswith("es") else
+               ["--prompts", str(max(1, cfg.prompts // 2))])]
     if eight_bit:
         flags += ["--load-in-8bit"] + (LORA_8BIT if not algo.startswith("es") else [])
     return flags
