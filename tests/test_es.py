@@ -10,7 +10,7 @@ from safetensors.torch import load_file
 
 from minies import UserError
 from minies.es import ES, ESConfig, PerturbedTensor, member_seeds, noise, normalize_rewards
-from minies.models import load_model, load_tokenizer
+from minies.models import int8_row_scales, load_model, load_tokenizer
 from minies.tasks import Arithmetic
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -231,3 +231,35 @@ def test_lowrank_scores_equal_scoring_each_member_alone(tiny_model_dir):
     es.cfg.micro_batch = 4  # one member per call
     alone = {n: (r, o) for n, r, _, o in es.score_members(members, list(range(6)), problems, prompts, seed=0)}
     assert all(np.array_equal(together[n][0], alone[n][0]) and together[n][1] == alone[n][1] for n in range(6))
+
+
+def test_int8_update_past_a_row_scale_rescales_the_row(tiny_model_dir):
+    """An update that moves a master row beyond its int8 scale must reach the model: the row gets a new
+    scale, so the model stays quantize(master) within half an int8 step (it would clamp at ±127 for good)."""
+    es = make_es(tiny_model_dir, "float32", True, params=".*")
+    es.model(torch.tensor([[5, 6, 7]]))  # the first forward moves the row scales to layer.state
+    t = next(t for t in es.tensors if t.int8)
+    old = int8_row_scales(t.module).clone()
+    t.master[0, 0] = 3 * old[0, 0]  # far past row 0's largest |weight|
+    t.master[1] *= 1.5  # a whole row grows
+    t.clean()
+    scales = int8_row_scales(t.module)
+    assert scales[0, 0] == pytest.approx(3 * old[0, 0]) and scales[1, 0] == pytest.approx(1.5 * old[1, 0])
+    assert torch.equal(scales[2:], old[2:])  # rows the update kept inside their scale are untouched
+    assert ((t.dequantized().cpu() - t.master).abs() <= scales.cpu() / 254 * (1 + 1e-5)).all()
+
+
+def test_int8_clamps_are_counted(tiny_model_dir):
+    es = make_es(tiny_model_dir, "float32", True, params=".*")
+    es.model(torch.tensor([[5, 6, 7]]))
+    int8 = [t for t in es.tensors if t.int8]
+    elements = sum(t.param.numel() for t in int8)
+    fractions = []
+    for sigma in (1e-3, 0.1):
+        for t in int8:
+            t.clamped = 0
+            t.perturbed(seed=1, sign=1.0, sigma=sigma)
+        fractions.append(sum(t.clamped for t in int8) / elements)
+        for t in int8:
+            t.clean()
+    assert 0 < fractions[0] < 0.02 < fractions[1]  # a few largest weights at small σ, many at large σ
