@@ -5,8 +5,10 @@
 """
 import argparse
 import json
+import os
 
-from minies import ArgumentParser, UserError, run_script
+from minies import ArgumentParser, UserError, check_writable, run_script
+from minies.config import checked
 from minies.evaluate import evaluate
 from minies.models import SHIPPED_MODEL, load_model, load_tokenizer
 from minies.tasks import DEFAULT_TASK, TASKS, get_task
@@ -21,19 +23,27 @@ def main(argv=None):
                     help="feed the raw question instead of the tokenizer's chat template")
     ap.add_argument("--task", default=DEFAULT_TASK, choices=sorted(TASKS), help="task (default: %(default)s)")
     ap.add_argument("--data", default=None, help="local data file for dataset tasks (gsm8k: a JSONL file)")
-    ap.add_argument("--seed", type=int, default=0, help="task split and sampling seed (default: %(default)s)")
-    ap.add_argument("--problems", type=int, default=500, help="held-out problems to use (default: %(default)s)")
-    ap.add_argument("--n", type=int, default=32, help="samples per problem (default: %(default)s)")
-    ap.add_argument("--k", type=int, nargs="+", default=[1, 4, 16, 32], help="k values for pass@k (default: %(default)s)")
-    ap.add_argument("--temperature", type=float, default=1.0, help="sampling temperature (default: %(default)s)")
-    ap.add_argument("--micro-batch", type=int, default=256, help="sequences per generate call (default: %(default)s)")
+    ap.add_argument("--seed", type=checked(int, "non_negative"), default=0,
+                    help="task split and sampling seed; >= 0 (default: %(default)s)")
+    ap.add_argument("--problems", type=checked(int, "positive"), default=500,
+                    help="held-out problems to use; >= 1 (default: %(default)s)")
+    ap.add_argument("--n", type=checked(int, "positive"), default=32,
+                    help="samples per problem; >= 1 (default: %(default)s)")
+    ap.add_argument("--k", type=checked(int, "positive"), nargs="+", default=[1, 4, 16, 32],
+                    help="k values for pass@k; each >= 1 and <= n (default: %(default)s)")
+    ap.add_argument("--temperature", type=checked(float, "positive"), default=1.0,
+                    help="sampling temperature; > 0 (default: %(default)s)")
+    ap.add_argument("--micro-batch", type=checked(int, "positive"), default=256,
+                    help="sequences per generate call; >= 1 (default: %(default)s)")
     ap.add_argument("--out", default=None, help="also write the metrics to this JSON file")
     args = ap.parse_args(argv)
-    if args.n < 0 or any(k < 1 for k in args.k):
-        raise UserError("--n must be >= 0 and every --k >= 1")
     too_big = [k for k in args.k if k > args.n]
     if too_big:
         raise UserError(f"--k {' '.join(map(str, too_big))}: pass@k needs n >= k samples; raise --n to {max(too_big)}")
+    if args.out:
+        if os.path.isdir(args.out):
+            raise UserError(f"--out {args.out}: is a directory; give a file name")
+        check_writable(os.path.dirname(args.out) or ".", "--out")
 
     task = get_task(args.task, seed=args.seed, data=args.data)
     tok = load_tokenizer(args.model)
@@ -46,6 +56,7 @@ def main(argv=None):
         if isinstance(value, float):
             print(f"  {key:<16} {value:.4f}")
     if args.out:
+        os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
         with open(args.out, "w") as f:
             json.dump({"model": args.model, "task": args.task, "temperature": args.temperature, **metrics}, f, indent=1)
 
