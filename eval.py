@@ -7,10 +7,11 @@ entropy, length.
 """
 import argparse
 import json
+import os
 from dataclasses import dataclass
 
-from minies import ArgumentParser, UserError, run_script
-from minies.config import ModelOptions, TaskOptions, add_arguments, from_args, option
+from minies import ArgumentParser, UserError, check_writable, run_script
+from minies.config import ModelOptions, TaskOptions, add_arguments, checked, from_args, option
 from minies.evaluate import evaluate
 from minies.models import load_config, load_model, load_tokenizer, prompt_style_for
 from minies.tasks import get_task
@@ -18,12 +19,13 @@ from minies.tasks import get_task
 
 @dataclass
 class EvalConfig(TaskOptions, ModelOptions):
-    seed: int = option(0, "task split and sampling seed")
-    problems: int = option(500, "held-out problems to use")
-    n: int = option(32, "samples per problem")
-    k: list = option((1, 4, 16, 32), "k values for pass@k", nargs="+", type=int)
-    temperature: float = option(1.0, "sampling temperature")
-    micro_batch: int = option(256, "sequences per generate call")
+    seed: int = option(0, "task split and sampling seed", check="non_negative")
+    problems: int = option(500, "held-out problems to use", check="positive")
+    n: int = option(32, "samples per problem", check="positive")
+    k: list = option((1, 4, 16, 32), "k values for pass@k; each >= 1 and <= n", nargs="+",
+                     type=checked(int, "positive"))
+    temperature: float = option(1.0, "sampling temperature", check="positive")
+    micro_batch: int = option(256, "sequences per generate call", check="positive")
     lenient_answers: bool = option(False, "gsm8k: when a completion has no answer tag and no \\boxed{}, take its last "
                                    "number (training rewards never do)")
     out: str = option(None, "also write the metrics to this JSON file")
@@ -33,11 +35,13 @@ def main(argv=None):
     ap = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_arguments(ap, EvalConfig, "evaluation")
     cfg = from_args(EvalConfig, ap.parse_args(argv))
-    if cfg.n < 0 or any(k < 1 for k in cfg.k):
-        raise UserError("--n must be >= 0 and every --k >= 1")
     too_big = [k for k in cfg.k if k > cfg.n]
     if too_big:
         raise UserError(f"--k {' '.join(map(str, too_big))}: pass@k needs n >= k samples; raise --n to {max(too_big)}")
+    if cfg.out:
+        if os.path.isdir(cfg.out):
+            raise UserError(f"--out {cfg.out}: is a directory; give a file name")
+        check_writable(os.path.dirname(cfg.out) or ".", "--out")
 
     style = prompt_style_for(cfg.prompt_style, load_config(cfg.model))
     task = get_task(cfg.task, seed=cfg.seed, data=cfg.data, prompt_style=style, max_new_tokens=cfg.max_new_tokens,
@@ -53,6 +57,7 @@ def main(argv=None):
         if isinstance(value, float):
             print(f"  {key:<16} {value:.4f}")
     if cfg.out:
+        os.makedirs(os.path.dirname(cfg.out) or ".", exist_ok=True)
         with open(cfg.out, "w") as f:
             json.dump({"model": cfg.model, "task": cfg.task, "prompt_style": style, "max_new_tokens": task.max_new_tokens,
                        "temperature": cfg.temperature, **metrics}, f, indent=1)

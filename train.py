@@ -12,14 +12,16 @@ import argparse
 import dataclasses
 import json
 import os
+import sys
 import time
 from dataclasses import asdict, dataclass
 
 import torch
 from tqdm import tqdm
 
-from minies import ArgumentParser, UserError, checkpoint, distributed, run_script
+from minies import ArgumentParser, UserError, check_writable, checkpoint, distributed, run_script
 from minies.config import ModelOptions, TaskOptions, add_arguments, from_args, option
+from minies.guard import Diverged, check_finite_weights
 from minies.evaluate import evaluate
 from minies.models import load_config, load_model, load_tokenizer, prompt_style_for
 from minies.recipes import RECIPES
@@ -45,17 +47,19 @@ class TrainConfig(TaskOptions, ModelOptions):
     algo: str = option("es", "training algorithm", choices=["es", "grpo", "b3po", "m3po", "c3po"])
     recipe: str = option(None, "a paper's hyper-parameters in one flag (listed below); explicit flags still win",
                          choices=sorted(RECIPES))
-    steps: int = option(None, "training steps (default: the algorithm's own, sized for the shipped model)")
-    seed: int = option(0, "seed for prompts, sampling and noise")
+    steps: int = option(None, "training steps (default: the algorithm's own, sized for the shipped model)",
+                        check="positive")
+    seed: int = option(0, "seed for prompts, sampling and noise", check="non_negative")
     out: str = option("out", "directory for run directories")
     run_name: str = option(None, "run name (default: <algo>-<task>-seed<seed>)")
     resume: bool = option(False, "continue the run in out/<run-name> from its latest checkpoint")
-    save_every: int = option(25, "checkpoint every k steps (and at the end)")
+    save_every: int = option(25, "checkpoint every k steps (and at the end)", check="positive")
     eval_every: int = option(25, "held-out pass@1, greedy accuracy, entropy and malformed rate every k steps "
-                                 "(0: only before and after)")
-    eval_problems: int = option(500, "held-out problems for the evaluations")
-    eval_samples: int = option(4, "samples per problem for held-out pass@1 during training")
-    final_samples: int = option(16, "samples per problem for the before/after evaluation (pass@1, pass@16)")
+                                 "(0: only before and after)", check="non_negative")
+    eval_problems: int = option(500, "held-out problems for the evaluations", check="positive")
+    eval_samples: int = option(4, "samples per problem for held-out pass@1 during training", check="positive")
+    final_samples: int = option(16, "samples per problem for the before/after evaluation (pass@1, pass@16)",
+                                check="positive")
 
 
 def parse_args(argv):
@@ -95,16 +99,21 @@ def main(argv=None):
     cfg, algo_cfg, Algorithm = parse_args(argv)
     if cfg.steps is None:
         cfg.steps = Algorithm.default_steps
-    if cfg.eval_every and cfg.eval_samples < 1:
-        raise UserError("--eval-samples must be >= 1 when --eval-every is set (or pass --eval-every 0)")
     distributed.init()
     main_rank = distributed.is_main()
     run_dir = os.path.join(cfg.out, cfg.run_name or f"{cfg.algo}-{cfg.task}-seed{cfg.seed}")
-    resume_from = checkpoint.latest(run_dir) if cfg.resume else None
-    if cfg.resume and resume_from is None:
-        raise UserError(f"--resume: no checkpoint in {run_dir}; run without --resume to start it")
-    if not cfg.resume and os.path.exists(os.path.join(run_dir, "log.jsonl")):
-        raise UserError(f"{run_dir} already holds a run; pass --resume to continue it or --run-name NAME for a new one")
+    check_writable(run_dir, "--out")
+    resume_from, state = None, None
+    if checkpoint.has_checkpoint(run_dir):
+        if not cfg.resume:
+            raise UserError(f"{run_dir} already holds a run; pass --resume to continue it or --run-name NAME "
+                            "for a new one")
+        resume_from, state, skipped = checkpoint.load_latest(run_dir)
+        if skipped and main_rank:
+            print(f"warning: {'; '.join(skipped)}; resuming from {resume_from}", file=sys.stderr)
+    elif main_rank and (cfg.resume or os.path.exists(os.path.join(run_dir, "log.jsonl"))):
+        # Killed before its first checkpoint: nothing to resume, so the run starts again (and its log with it).
+        print(f"note: {run_dir} has no checkpoint; starting it from step 0", file=sys.stderr)
 
     torch.manual_seed(cfg.seed)
     # The prompt style and generation length are resolved here and recorded in config.json.
@@ -121,7 +130,7 @@ def main(argv=None):
 
     start_step, tokens, before = 0, 0, None
     if resume_from:
-        state = checkpoint.load_state(resume_from)
+        checkpoint.set_rng_state(state["rng"])  # only now: building the algorithm draws from the RNGs
         algo.load_state_dict(state["algorithm"])
         start_step, tokens, before = state["step"], state["tokens"], state["before"]
     else:
@@ -134,7 +143,7 @@ def main(argv=None):
 
     if main_rank and resume_from:
         checkpoint.truncate_log(os.path.join(run_dir, "log.jsonl"), start_step)  # drop steps after the checkpoint
-    log = open(os.path.join(run_dir, "log.jsonl"), "a") if main_rank else None
+    log = open(os.path.join(run_dir, "log.jsonl"), "a" if resume_from else "w") if main_rank else None
     wall = time.time()
     bar = tqdm(range(start_step, cfg.steps), initial=start_step, total=cfg.steps, disable=not main_rank,
                desc=cfg.algo, dynamic_ncols=True)
@@ -142,7 +151,11 @@ def main(argv=None):
         # Each step's prompts and seeds depend only on (seed, step): the same on every rank and after --resume.
         step_seed = cfg.seed * 1_000_003 + step
         problems = task.train_problems(algo.prompts_per_step, seed=step_seed)
-        stats = algo.step(problems, step_seed)
+        try:
+            stats = algo.step(problems, step_seed)
+            check_finite_weights(model)  # before this step is logged or saved: `latest` stays a good checkpoint
+        except Diverged as e:
+            raise Diverged(e.what, step + 1) from None
         tokens += stats.pop("tokens", 0)
         row = {"step": step + 1, **stats, "tokens": tokens, "seconds": round(time.time() - wall, 2)}
         if cfg.eval_every and (step + 1) % cfg.eval_every == 0 and step + 1 < cfg.steps:

@@ -74,20 +74,22 @@ class ReproduceConfig:
     model: str = option(SHIPPED_MODEL, "the start model: hub id or local directory")
     out: str = option("results", "output directory (results.json, results.md, plots, runs/)")
     quick: bool = option(False, "a smoke run: 1 seed, a tiny budget, few problems (changes the defaults below)")
-    seeds: int = option(3, "seeds 0..S-1 for every method")
-    tokens: int = option(160_000, "generated training tokens per run, the same for every method")
-    es_population: int = option(32, "ES members per step")
-    es_prompts: int = option(32, "ES prompts per step (its tuned default is 256; see the module docstring)")
+    seeds: int = option(3, "seeds 0..S-1 for every method", check="positive")
+    tokens: int = option(160_000, "generated training tokens per run, the same for every method", check="positive")
+    es_population: int = option(32, "ES members per step", check="positive")
+    es_prompts: int = option(32, "ES prompts per step (its tuned default is 256; see the module docstring)",
+                             check="positive")
     hot_temperature: float = option(1.2, "GRPO-hot's sampling temperature for its training rollouts (the "
                                     "baseline that explores by sampling hotter; its held-out evaluations stay "
-                                    "at temperature 1, like every run's)")
+                                    "at temperature 1, like every run's)", check="positive")
     diversity_sigmas: str = option("0.004,0.016", "comma-separated σ of extra ES runs (\"es-sigma<σ>\") for "
                                    "the diversity-pass@k link, beside ES's default σ; '' for none")
-    problems: int = option(300, "held-out problems for the final evaluations")
-    samples: int = option(32, "samples per problem for the final pass@k curves")
-    sparsity_samples: int = option(8, "samples per problem for pass@1 of the sparsified models")
-    eval_problems: int = option(100, "held-out problems for the evaluations during training (entropy series)")
-    evals_per_run: int = option(8, "evaluations during each training stage")
+    problems: int = option(300, "held-out problems for the final evaluations", check="positive")
+    samples: int = option(32, "samples per problem for the final pass@k curves", check="positive")
+    sparsity_samples: int = option(8, "samples per problem for pass@1 of the sparsified models", check="positive")
+    eval_problems: int = option(100, "held-out problems for the evaluations during training (entropy series)",
+                                check="positive")
+    evals_per_run: int = option(8, "evaluations during each training stage", check="positive")
 
 
 QUICK = {"seeds": 1, "tokens": 6000, "es_population": 8, "es_prompts": 16, "diversity_sigmas": "0.016",
@@ -102,13 +104,7 @@ def parse_args(argv):
     add_arguments(parser, ReproduceConfig, "reproduce")
     if pre.parse_known_args(argv)[0].quick:
         parser.set_defaults(**QUICK)
-    cfg = from_args(ReproduceConfig, parser.parse_args(argv))
-    if min(cfg.seeds, cfg.tokens, cfg.problems, cfg.samples, cfg.sparsity_samples, cfg.eval_problems,
-           cfg.evals_per_run) < 1:
-        raise UserError("--seeds, --tokens, --problems, --samples, --sparsity-samples, --eval-problems and "
-                        "--evals-per-run must all be >= 1")
-    if not cfg.hot_temperature > 0:
-        raise UserError(f"--hot-temperature must be > 0, got {cfg.hot_temperature}")
+    cfg = from_args(ReproduceConfig, parser.parse_args(argv))  # the ranges are checked while parsing
     es_sigmas(cfg)  # a malformed --diversity-sigmas fails here, before anything runs
     return cfg
 

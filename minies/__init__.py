@@ -1,5 +1,6 @@
 """minies: Evolution Strategies, GRPO and 3PO for RL with verifiable rewards, small enough to read."""
 import argparse
+import os
 import sys
 
 
@@ -15,6 +16,16 @@ class ArgumentParser(argparse.ArgumentParser):
 
     def error(self, message):
         self.exit(2, f"error: {message}; see --help\n")
+
+
+def check_writable(directory, flag):
+    """Fail at once, not after the work, when `directory` can neither be written nor created (`flag` names
+    the option that chose it). Creates nothing: a run that fails later leaves no empty directories."""
+    existing = os.path.abspath(directory)
+    while not os.path.exists(existing):
+        existing = os.path.dirname(existing)
+    if not os.path.isdir(existing) or not os.access(existing, os.W_OK):
+        raise UserError(f"{flag} {directory}: {existing} is not a writable directory")
 
 
 def run_script(main):

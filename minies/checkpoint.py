@@ -10,6 +10,7 @@ Layout of a run directory:
 import json
 import os
 import random
+import re
 import shutil
 
 import numpy as np
@@ -65,24 +66,53 @@ def save(run_dir, step, model, tokenizer, state, keep=2):
     return final
 
 
+def _step_dirs(run_dir):
+    """The checkpoint directories (step-NNNNNN) in `run_dir`, newest first."""
+    names = [d for d in os.listdir(run_dir) if re.fullmatch(r"step-\d+", d)] if os.path.isdir(run_dir) else []
+    return [os.path.join(run_dir, d) for d in sorted(names, key=lambda d: int(d[5:]), reverse=True)]
+
+
+def has_checkpoint(run_dir):
+    """Whether `run_dir` holds a checkpoint, or what is left of one (a `latest` pointer)."""
+    return os.path.exists(os.path.join(run_dir, "latest")) or bool(_step_dirs(run_dir))
+
+
 def latest(run_dir):
-    """Path of the newest complete checkpoint in `run_dir`, or None."""
-    pointer = os.path.join(run_dir, "latest")
-    if not os.path.exists(pointer):
+    """Path of the newest complete checkpoint in `run_dir` (the one `latest` names), or None."""
+    try:
+        with open(os.path.join(run_dir, "latest"), "rb") as f:
+            name = f.read().decode().strip()
+    except (OSError, UnicodeDecodeError):  # no pointer, or garbage in it
         return None
-    with open(pointer) as f:
-        path = os.path.join(run_dir, f.read().strip())
-    return path if os.path.exists(os.path.join(path, STATE_FILE)) else None
+    path = os.path.join(run_dir, name)
+    return path if re.fullmatch(r"step-\d+", name) and os.path.exists(os.path.join(path, STATE_FILE)) else None
+
+
+def load_latest(run_dir):
+    """(path, training state, what was skipped) of the newest checkpoint in `run_dir` whose state loads:
+    the one `latest` names, else the newest step directory that loads (a file can be corrupted after
+    it was written). `skipped` lists what did not load and why. A UserError when nothing loads."""
+    pointer, named = os.path.join(run_dir, "latest"), latest(run_dir)
+    skipped = [f"{pointer} does not name a complete checkpoint"] if os.path.exists(pointer) and not named else []
+    for path in ([named] if named else []) + [d for d in _step_dirs(run_dir) if d != named]:
+        try:
+            return path, load_state(path), skipped
+        except UserError as e:
+            skipped.append(str(e))
+    raise UserError(f"no checkpoint of {run_dir} loads ({'; '.join(skipped) or 'none left'}); "
+                    f"delete {run_dir} to start the run again, or pass --run-name NAME for a new one")
 
 
 def load_state(path):
-    """The training state saved with a checkpoint (restores the RNGs as a side effect)."""
+    """The training state saved with a checkpoint; set_rng_state(state["rng"]) restores its RNGs."""
+    file = os.path.join(path, STATE_FILE)
     try:
-        state = torch.load(os.path.join(path, STATE_FILE), weights_only=False)
+        return torch.load(file, weights_only=False)
     except FileNotFoundError:
         raise UserError(f"{path}: not a minies checkpoint (no {STATE_FILE}); point --resume at a run directory")
-    set_rng_state(state["rng"])
-    return state
+    except Exception as e:  # a truncated or overwritten file fails in many ways: unpickling, zip, EOF
+        reason = ": ".join(filter(None, [type(e).__name__, str(e).strip().split("\n")[0][:100]]))
+        raise UserError(f"{file} does not load ({reason})")
 
 
 def truncate_log(path, step):

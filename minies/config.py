@@ -1,27 +1,63 @@
 """Configuration as dataclasses, turned into argparse flags: field `lr_scale` becomes `--lr-scale`,
-its default and its help text (field metadata) are shown by --help. One source of truth."""
+its default and its help text (field metadata) are shown by --help. One source of truth.
+
+A numeric field names its valid range with `check=` (a key of CHECKS), so that a bad value such as
+`--alpha nan` or `--steps 0` is rejected while parsing, in one line, before any model is loaded."""
 import argparse
 import dataclasses
+import math
 
 from minies.models import DTYPES, SHIPPED_MODEL
 from minies.tasks import DEFAULT_TASK, TASKS
 
+# check -> (what a valid value is, for floats and for ints; the test). The test sees a float or an int.
+CHECKS = {
+    "positive": ("a finite number > 0", "an integer >= 1", lambda x: math.isfinite(x) and x > 0),
+    "non_negative": ("a finite number >= 0", "an integer >= 0", lambda x: math.isfinite(x) and x >= 0),
+    "finite": ("a finite number", "an integer", math.isfinite),
+    "probability": ("a number in [0, 1]", "0 or 1", lambda x: 0 <= x <= 1),
+    "fraction": ("a number in [0, 1)", "0", lambda x: 0 <= x < 1),  # momenta: 1 would never forget
+    "positive_or_inf": ("a number > 0 (inf allowed)", "an integer >= 1", lambda x: x > 0),  # nan > 0 is False
+}
 
-def option(default, help, **kwargs):
-    """A dataclass field with a help text (and optional argparse extras such as choices)."""
-    return dataclasses.field(default=default, metadata={"help": help, **kwargs})
+
+def valid_range(kind, check):
+    return CHECKS[check][1 if kind is int else 0]
+
+
+def checked(kind, check):
+    """The argparse `type=` that parses a `kind` (int or float) and rejects values outside `check`'s range."""
+    def parse(text):
+        try:
+            value = kind(text)
+        except ValueError:
+            value = None
+        if value is None or not CHECKS[check][2](value):
+            raise argparse.ArgumentTypeError(f"{text} is not {valid_range(kind, check)}")
+        return value
+    return parse
+
+
+def option(default, help, check=None, **kwargs):
+    """A dataclass field with a help text, optionally the valid range of a number (`check`, see CHECKS),
+    and optional argparse extras such as choices."""
+    return dataclasses.field(default=default, metadata={"help": help, "check": check, **kwargs})
 
 
 def add_arguments(parser, config_class, title=None):
     group = parser.add_argument_group(title or config_class.__name__)
     for f in dataclasses.fields(config_class):
         flag = "--" + f.name.replace("_", "-")
-        extra = {k: v for k, v in f.metadata.items() if k != "help"}
+        extra = {k: v for k, v in f.metadata.items() if k not in ("help", "check")}
         help_text = f.metadata["help"] + " (default: %(default)s)"
         if f.type in (bool, "bool"):
             group.add_argument(flag, action=argparse.BooleanOptionalAction, default=f.default, help=help_text)
         else:
             kind = {"int": int, "float": float, "str": str}.get(f.type, f.type)
+            check = f.metadata.get("check")
+            if check:
+                help_text = f"{f.metadata['help']}; {valid_range(kind, check)} (default: %(default)s)"
+                kind = checked(kind, check)
             group.add_argument(flag, default=f.default, help=help_text, **{"type": kind, **extra})
     return group
 
@@ -51,4 +87,4 @@ class TaskOptions:
                                "the model's own (minies_defaults in its config.json), else instruct",
                                choices=["auto", "terse", "instruct"])
     max_new_tokens: int = option(None, "tokens generated per completion (default: the task's for the prompt "
-                                 "style; instruct: arithmetic 256, countdown 1024, gsm8k 512)")
+                                 "style; instruct: arithmetic 256, countdown 1024, gsm8k 512)", check="positive")

@@ -54,6 +54,7 @@ from minies import UserError, distributed
 from minies.config import option
 from minies.analysis import answer_outcome, js_diversity
 from minies.evaluate import score_rollouts
+from minies.guard import check_finite
 from minies.metrics import average_ranks
 from minies.models import int8_row_scales, model_defaults
 from minies.rollout import format_prompts, generate
@@ -61,22 +62,24 @@ from minies.rollout import format_prompts, generate
 
 @dataclass
 class ESConfig:
-    population: int = option(32, "members per step (N); even when antithetic")
-    sigma: float = option(8e-3, "noise scale σ of the perturbations")
-    alpha: float = option(1e-2, "step size α (1/σ folded in)")
-    prompts_per_step: int = option(256, "prompts every member is scored on (the same for all members)")
+    population: int = option(32, "members per step (N); even when antithetic", check="positive")
+    sigma: float = option(8e-3, "noise scale σ of the perturbations", check="positive")
+    alpha: float = option(1e-2, "step size α (1/σ folded in)", check="positive")
+    prompts_per_step: int = option(256, "prompts every member is scored on (the same for all members)",
+                                   check="positive")
     antithetic: bool = option(True, "mirrored pairs +ε / −ε")
     normalize: str = option("rank", "reward normalisation across members", choices=["rank", "zscore"])
     params: str = option(None, "regex: perturb only the parameters whose name matches ('.*': all). Default: the "
                          "model's own choice (minies_defaults in its config.json; the shipped model: its embeddings "
                          "and first block), else all weights")
     greedy: bool = option(True, "score members with greedy decoding (else sampled at --temperature)")
-    temperature: float = option(1.0, "sampling temperature when not greedy")
-    micro_batch: int = option(1024, "sequences per generate call (lowrank: members per call = this // prompts)")
+    temperature: float = option(1.0, "sampling temperature when not greedy", check="positive")
+    micro_batch: int = option(1024, "sequences per generate call (lowrank: members per call = this // prompts)",
+                              check="positive")
     mode: str = option("inplace", "inplace: perturb the weights, one member at a time; lowrank: EGGROLL, "
                        "rank-r noise added in the forward pass, many members per batch (minies/eggroll.py)",
                        choices=["inplace", "lowrank"])
-    rank: int = option(1, "rank r of each member's perturbation A·Bᵀ/√r in lowrank mode")
+    rank: int = option(1, "rank r of each member's perturbation A·Bᵀ/√r in lowrank mode", check="positive")
 
 
 def member_seeds(step_seed, population, antithetic):
@@ -216,6 +219,7 @@ class ES:
             if terms:
                 direction = (self.population or self).direction(t, terms)
                 delta = (cfg.alpha / len(members)) * direction.cpu()
+                check_finite(f"the update of {t.name}", delta)  # before it reaches the master
                 t.master += delta
                 t.clean()
                 update_sq += float(delta.pow(2).sum())

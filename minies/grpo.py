@@ -38,6 +38,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from minies import UserError, distributed, lora
 from minies.config import option
+from minies.guard import check_finite
 from minies.rollout import completion_logprobs, format_prompts, generate
 
 AGGREGATIONS = ("grpo", "dapo", "dr_grpo")
@@ -45,25 +46,29 @@ AGGREGATIONS = ("grpo", "dapo", "dr_grpo")
 
 @dataclass
 class GRPOConfig:
-    prompts: int = option(16, "prompts per step (P), over all processes")
-    group_size: int = option(8, "completions per prompt (G)")
-    temperature: float = option(1.0, "sampling temperature; log-probs are taken at the same temperature")
-    lr: float = option(1e-4, "learning rate")
+    prompts: int = option(16, "prompts per step (P), over all processes", check="positive")
+    group_size: int = option(8, "completions per prompt (G)", check="positive")
+    temperature: float = option(1.0, "sampling temperature; log-probs are taken at the same temperature",
+                                check="positive")
+    lr: float = option(1e-4, "learning rate", check="positive")
     optim: str = option("adamw", "optimizer: torch AdamW, or bitsandbytes' 8-bit AdamW", choices=["adamw", "adamw8bit"])
-    updates_per_batch: int = option(1, "optimizer steps on each batch of completions (μ)")
-    micro_batch: int = option(64, "completions per forward/backward; gradients accumulate over the batch")
-    epsilon_low: float = option(0.2, "clip the token ratio below at 1 - epsilon_low")
-    epsilon_high: float = option(0.2, "clip the token ratio above at 1 + epsilon_high")
-    beta: float = option(0.0, "weight of the KL penalty to the initial policy (0: no reference is kept)")
+    updates_per_batch: int = option(1, "optimizer steps on each batch of completions (μ)", check="positive")
+    micro_batch: int = option(64, "completions per forward/backward; gradients accumulate over the batch",
+                              check="positive")
+    epsilon_low: float = option(0.2, "clip the token ratio below at 1 - epsilon_low", check="probability")
+    epsilon_high: float = option(0.2, "clip the token ratio above at 1 + epsilon_high", check="non_negative")
+    beta: float = option(0.0, "weight of the KL penalty to the initial policy (0: no reference is kept)",
+                         check="non_negative")
     scale_rewards: str = option("group", "divide advantages by the group's reward std, the batch's, or nothing "
                                 "(Dr. GRPO)", choices=["group", "batch", "none"])
     loss_aggregation: str = option("grpo", "grpo: mean per sequence then over sequences; dapo: mean over tokens; "
                                    "dr_grpo: sum / (B * max_new_tokens)", choices=list(AGGREGATIONS))
-    max_grad_norm: float = option(1.0, "clip the gradient norm to this (inf: no clipping)")
+    max_grad_norm: float = option(1.0, "clip the gradient norm to this (inf: no clipping)", check="positive_or_inf")
     gradient_checkpointing: bool = option(False, "recompute activations in the backward pass to save memory")
     lora_rank: int = option(0, "train LoRA adapters of this rank on a frozen base; 0: train all weights "
-                            "(a model loaded in 8-bit needs > 0)")
-    lora_alpha: float = option(16.0, "LoRA scale numerator: the adapters' output is multiplied by alpha / rank")
+                            "(a model loaded in 8-bit needs > 0)", check="non_negative")
+    lora_alpha: float = option(16.0, "LoRA scale numerator: the adapters' output is multiplied by alpha / rank",
+                               check="positive")
     lora_targets: str = option("q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj",
                                "comma-separated names of the linear layers that get adapters")
 
@@ -241,7 +246,10 @@ class GRPO:
                 totals["loss"] += loss.item()
                 for key in stats:
                     totals[key] += stats[key] * tokens
-            totals["grad_norm"] += torch.nn.utils.clip_grad_norm_(self.params, cfg.max_grad_norm).item()
+            grad_norm = torch.nn.utils.clip_grad_norm_(self.params, cfg.max_grad_norm).item()
+            check_finite("the loss", totals["loss"])  # before the optimizer (IVON in 3PO) takes the step
+            check_finite("the gradient norm", grad_norm)
+            totals["grad_norm"] += grad_norm
             if step:
                 self.optimizer.step()
         self.model.eval()

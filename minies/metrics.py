@@ -5,6 +5,10 @@ import numpy as np
 def pass_at_k(n, c, k):
     """Unbiased pass@k for one problem with n samples of which c are correct (Chen et al. 2021):
     1 - C(n-c, k) / C(n, k), in the stable product form 1 - prod_{i=n-c+1..n} (1 - k/i)."""
+    if not all(isinstance(x, (int, np.integer)) for x in (n, c, k)):  # 3.0 samples is a bug upstream
+        raise ValueError(f"pass@k needs integer counts, got n={n!r}, c={c!r}, k={k!r}")
+    if k < 1 or not 0 <= c <= n:
+        raise ValueError(f"pass@{k}: impossible counts n={n}, c={c} (need k >= 1 and 0 <= c <= n)")
     if k > n:
         raise ValueError(f"pass@{k} needs at least {k} samples, got {n}")
     if n - c < k:

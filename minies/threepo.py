@@ -72,31 +72,39 @@ from minies.rollout import Rollouts, completion_logprobs
 @dataclass
 class ThreePOConfig(GRPOConfig):
     # Redefined GRPO fields (same flags, 3PO's meaning and defaults).
-    lr: float = option(1.0, "IVON learning rate; each weight moves by at most lr·(h0+δ)·clip_radius per step")
+    lr: float = option(1.0, "IVON learning rate; each weight moves by at most lr·(h0+δ)·clip_radius per step",
+                       check="positive")
     optim: str = option("ivon", "optimizer: 3PO trains with IVON", choices=["ivon"])
-    updates_per_batch: int = option(1, "optimizer steps per batch: 3PO takes one IVON step", choices=[1])
+    updates_per_batch: int = option(1, "optimizer steps per batch: 3PO takes one IVON step", choices=[1],
+                                    check="positive")
     # IVON (PAPERS.md section 4). The paper's values, except lr and clip_radius: see the module docstring.
-    ess: float = option(1e9, "IVON effective sample size λ: larger means a narrower posterior")
-    hess_init: float = option(1e-3, "IVON initial Hessian h0; the posterior std starts at 1/sqrt(ess·h0) = 1e-3")
-    beta1: float = option(0.9, "IVON momentum of the gradient")
-    beta2: float = option(0.9999, "IVON momentum of the Hessian estimate")
-    weight_decay: float = option(1e-6, "IVON weight decay δ (also the prior precision in σ)")
-    clip_radius: float = option(0.1, "IVON clips each coordinate of (m + δθ)/(h + δ) to ±clip_radius")
+    ess: float = option(1e9, "IVON effective sample size λ: larger means a narrower posterior", check="positive")
+    hess_init: float = option(1e-3, "IVON initial Hessian h0; the posterior std starts at 1/sqrt(ess·h0) = 1e-3",
+                              check="positive")
+    beta1: float = option(0.9, "IVON momentum of the gradient", check="fraction")
+    beta2: float = option(0.9999, "IVON momentum of the Hessian estimate", check="fraction")
+    weight_decay: float = option(1e-6, "IVON weight decay δ (also the prior precision in σ)", check="non_negative")
+    clip_radius: float = option(0.1, "IVON clips each coordinate of (m + δθ)/(h + δ) to ±clip_radius",
+                                check="positive_or_inf")
     rescale_lr: bool = option(True, "IVON multiplies lr by h0 + δ, so that the first steps are SGD with rate lr "
                               "where nothing is clipped")
 
 
 @dataclass
 class M3POConfig(ThreePOConfig):
-    samples: int = option(2, "M: weight samples per step, each generating its own groups for the same prompts")
+    samples: int = option(2, "M: weight samples per step, each generating its own groups for the same prompts",
+                          check="positive")
 
 
 @dataclass
 class C3POConfig(ThreePOConfig):
-    chunks: int = option(2, "N: each group's G completions come in N chunks, each generated at its own weight sample")
-    ratio_truncate: float = option(2.0, "truncate the sequence importance ratio at this")
-    ratio_keep_min: float = option(0.5, "drop rollouts whose sequence importance ratio is below this")
-    ratio_keep_max: float = option(2.0, "drop rollouts whose sequence importance ratio is above this")
+    chunks: int = option(2, "N: each group's G completions come in N chunks, each generated at its own weight sample",
+                         check="positive")
+    ratio_truncate: float = option(2.0, "truncate the sequence importance ratio at this", check="positive")
+    ratio_keep_min: float = option(0.5, "drop rollouts whose sequence importance ratio is below this",
+                                   check="non_negative")
+    ratio_keep_max: float = option(2.0, "drop rollouts whose sequence importance ratio is above this",
+                                   check="positive_or_inf")
 
 
 def weight_seeds(seed, count):

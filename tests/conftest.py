@@ -3,6 +3,7 @@ loaded from it, and helpers that run the scripts (train.py, eval.py) in a subpro
 or in this interpreter when only their argument handling and error lines are under test."""
 import contextlib
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -156,3 +157,13 @@ def run_in_process(script, *args):
     if isinstance(code, str):  # sys.exit("text"): the interpreter prints it to stderr and exits with 1
         code, message = 1, code + "\n"
     return code or 0, message
+
+
+def assert_one_line_error(name, code, stderr, pattern=r"error: "):
+    """A user error: exit status 2, no traceback, and a last stderr line matching `pattern`; returns that line."""
+    err = stderr.strip()
+    assert code == 2, f"{name}: exit status {code}\n{err[-3000:]}"
+    assert "Traceback" not in err, f"{name}: traceback\n{err[-3000:]}"
+    last = err.splitlines()[-1] if err else ""
+    assert re.match(pattern, last), f"{name}: last stderr line is {last!r}"
+    return last

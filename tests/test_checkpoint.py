@@ -108,7 +108,7 @@ def test_rng_state_is_restored(tmp_path, model, tokenizer):
     path = checkpoint.save(str(tmp_path), 1, model, tokenizer, {})
     draws = (random.random(), np.random.rand(3), torch.rand(3))
     random.random(), np.random.rand(5), torch.rand(5)  # the run goes on, then is killed
-    checkpoint.load_state(path)
+    checkpoint.set_rng_state(checkpoint.load_state(path)["rng"])
     again = (random.random(), np.random.rand(3), torch.rand(3))
     assert draws[0] == again[0]
     assert np.array_equal(draws[1], again[1])

@@ -72,3 +72,27 @@ def test_parsed_values_round_trip():
         parser.parse_args(["--mode", "c"])
     with pytest.raises(SystemExit):
         parser.parse_args(["--steps", "many"])
+
+
+def test_a_check_rejects_values_outside_its_range_while_parsing(capsys):
+    from minies import ArgumentParser
+
+    @dataclasses.dataclass
+    class Demo:
+        rate: float = option(0.1, "a rate", check="positive")
+        count: int = option(1, "a count", check="positive")
+        clip: float = option(1.0, "a clip", check="positive_or_inf")
+        share: float = option(0.5, "a share", check="probability")
+
+    parser = ArgumentParser()
+    add_arguments(parser, Demo)
+    args = parser.parse_args(["--rate", "2e-3", "--count", "3", "--clip", "inf", "--share", "1"])
+    assert from_args(Demo, args) == Demo(rate=2e-3, count=3, clip=float("inf"), share=1.0)
+    for flag, value, wanted in [("--rate", "nan", "a finite number > 0"), ("--rate", "inf", "a finite number > 0"),
+                                ("--rate", "0", "a finite number > 0"), ("--count", "0", "an integer >= 1"),
+                                ("--count", "1.5", "an integer >= 1"), ("--clip", "nan", "a number > 0 (inf allowed)"),
+                                ("--share", "1.01", "a number in [0, 1]")]:
+        with pytest.raises(SystemExit, match="2"):
+            parser.parse_args([flag, value])
+        assert capsys.readouterr().err.endswith(f"error: argument {flag}: {value} is not {wanted}; see --help\n")
+    assert "a rate; a finite number > 0 (default: 0.1)" in " ".join(parser.format_help().split())

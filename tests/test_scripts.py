@@ -1,11 +1,10 @@
-"""train.py and eval.py end to end, in subprocesses with tiny settings, and their one-line errors."""
+"""train.py and eval.py end to end, in subprocesses with tiny settings (their errors: test_bad_input.py)."""
 import json
 import os
-import re
 
 import pytest
 
-from conftest import finish, run_in_process, run_script, start_script
+from conftest import run_in_process, run_script
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -69,66 +68,6 @@ def test_eval_end_to_end(tmp_path, model_dir):
     assert 0 <= metrics["pass@1"] <= metrics["pass@4"] <= 1
     assert 0 <= metrics["greedy_accuracy"] <= 1
     assert "pass@1" in r.stdout
-
-
-def _assert_one_line_error(name, code, stderr, pattern=r"error: "):
-    err = stderr.strip()
-    assert code != 0, f"{name}: exit status 0"
-    assert "Traceback" not in err, f"{name}: traceback\n{err[-3000:]}"
-    last = err.splitlines()[-1] if err else ""
-    assert re.match(pattern, last), f"{name}: last stderr line is {last!r}"
-    return last
-
-
-# Mistakes that end in a UserError: the last line starts with "error:".
-USER_ERRORS = {
-    "eval: missing model": ("eval.py", ["--model", "{missing}", "--problems", 5, "--n", 1, "--k", 1],
-                            "no such directory"),
-    "train: missing model": ("train.py", ["--model", "{missing}", "--out", "{tmp}/a"], "no such directory"),
-    "eval: bad dtype": ("eval.py", ["--model", "{model}", "--dtype", "float8", "--problems", 5, "--n", 1, "--k", 1],
-                        "--dtype"),
-    "train: bad dtype": ("train.py", ["--model", "{model}", "--dtype", "float8", "--out", "{tmp}/b"], "--dtype"),
-    "train: resume without checkpoint": ("train.py", ["--model", "{model}", "--resume", "--out", "{tmp}/c"],
-                                         "--resume"),
-    "train: run exists without --resume": ("train.py", ["--model", "{model}", "--steps", 2, "--out", "{trained}"],
-                                           "--resume"),
-    "train: unknown algorithm": ("train.py", ["--algo", "nope"], "--algo"),
-    "eval: k above n": ("eval.py", ["--model", "{model}", "--n", 2, "--k", 1, 4], "--k"),
-}
-# Errors argparse finds itself (minies.ArgumentParser prints them as one "error: ..." line too).
-USAGE_ERRORS = {
-    "eval: unknown task": ("eval.py", ["--task", "nope"], "--task"),
-    "train: unknown task": ("train.py", ["--task", "nope"], "--task"),
-    "eval: k not a number": ("eval.py", ["--k", "one"], "--k"),
-}
-
-
-def _fill(args, **values):
-    return [str(a).format(**values) for a in args]
-
-
-@pytest.mark.parametrize("name", list(USER_ERRORS) + list(USAGE_ERRORS))
-def test_one_line_errors(name, tmp_path, trained, model_dir, capsys):
-    """Each mistake ends with one error line on stderr and a non-zero exit status, never a traceback.
-    Run in this interpreter (the scripts' __main__ blocks, as is); test_errors_in_a_subprocess checks
-    that a real process prints the same."""
-    script, args, mention = {**USER_ERRORS, **USAGE_ERRORS}[name]
-    args = _fill(args, missing=tmp_path / "no-such-model", tmp=tmp_path, model=model_dir, trained=trained[0])
-    code, message = run_in_process(script, *args)
-    stderr = capsys.readouterr().err + message
-    last = _assert_one_line_error(name, code, stderr, r"error: ")
-    assert mention in last, f"{name}: {last!r}"
-    # Nothing was written for a run that failed.
-    assert not (tmp_path / "b").exists() and not (tmp_path / "c" / "log.jsonl").exists()
-
-
-def test_errors_in_a_subprocess(tmp_path):
-    procs = {"eval: missing model": start_script("eval.py", "--model", tmp_path / "none", "--n", 1, "--k", 1),
-             "train: unknown task": start_script("train.py", "--task", "nope", "--out", tmp_path)}
-    for name, proc in procs.items():
-        r = finish(proc)
-        _assert_one_line_error(name, r.returncode, r.stderr, r"error: ")
-        assert r.returncode == 2
 
 
 @pytest.mark.parametrize("args", [["--help"], ["--algo", "es", "--help"]])

@@ -1,0 +1,300 @@
+"""Bad input ends with one "error: ..." line and exit status 2, never a traceback, and never a run that
+silently does something else; checkpoints that do not load, a run that diverges, impossible pass@k counts."""
+import json
+import math
+import shutil
+
+import numpy as np
+import pytest
+import torch
+
+from conftest import assert_one_line_error, finish, run_in_process, single_thread, start_script
+from minies import checkpoint
+from minies.guard import Diverged, check_finite, check_finite_weights
+from minies.metrics import pass_at_k
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+TINY = ["--population", 4, "--prompts-per-step", 4, "--eval-problems", 4, "--final-samples", 2, "--eval-every", 0]
+RUN = "es-arithmetic-seed0"
+
+# name -> (script, arguments, what the error line must mention). Every row also gets --model (the test
+# model, unless the row names another) and, for train.py, --out in the test's own directory.
+BAD = {
+    # Tracebacks before.
+    "train: --alpha nan": ("train.py", ["--alpha", "nan"], "--alpha"),
+    "train grpo: --lr nan": ("train.py", ["--algo", "grpo", "--lr", "nan"], "--lr"),
+    "train b3po: --lr nan": ("train.py", ["--algo", "b3po", "--lr", "nan"], "--lr"),
+    "train: --save-every 0": ("train.py", ["--save-every", 0], "--save-every"),
+    "train: --prompts-per-step 0": ("train.py", ["--prompts-per-step", 0], "--prompts-per-step"),
+    "train: --eval-problems 0": ("train.py", ["--eval-problems", 0], "--eval-problems"),
+    "eval: --problems 0": ("eval.py", ["--problems", 0], "--problems"),
+    "train: --temperature nan": ("train.py", ["--temperature", "nan"], "--temperature"),
+    "eval: --temperature nan": ("eval.py", ["--temperature", "nan"], "--temperature"),
+    "train grpo: --temperature -1": ("train.py", ["--algo", "grpo", "--temperature", -1], "--temperature"),
+    "eval: --temperature -1": ("eval.py", ["--temperature", -1], "--temperature"),
+    "train: --micro-batch 0": ("train.py", ["--micro-batch", 0], "--micro-batch"),
+    "eval: --micro-batch 0": ("eval.py", ["--micro-batch", 0], "--micro-batch"),
+    "train: --out under a regular file": ("train.py", ["--out", "{file}/sub"], "--out"),
+    "eval: --out under a regular file": ("eval.py", ["--n", 1, "--k", 1, "--out", "{file}/sub/x.json"], "--out"),
+    "eval: --out is a directory": ("eval.py", ["--n", 1, "--k", 1, "--out", "{tmp}"], "--out"),
+    # Ran silently before (and did something else than asked).
+    "train: --steps -1": ("train.py", ["--steps", -1], "--steps"),
+    "train: --steps 0": ("train.py", ["--steps", 0], "--steps"),
+    "train: --sigma -1": ("train.py", ["--sigma", -1], "--sigma"),
+    "eval: --problems -1": ("eval.py", ["--problems", -1], "--problems"),
+    "train: --data for a task without data": pytest.param(
+        "train.py", ["--data", "{file}", "--steps", 1, *TINY], "--data",
+        marks=pytest.mark.xfail(strict=False, reason="the tasks code rejects it (another change)")),
+    # Were one-line errors already.
+    "eval: missing model": ("eval.py", ["--model", "{tmp}/no-such-model", "--n", 1, "--k", 1], "no such directory"),
+    "train: missing model": ("train.py", ["--model", "{tmp}/no-such-model"], "no such directory"),
+    "eval: bad dtype": ("eval.py", ["--dtype", "float8", "--n", 1, "--k", 1], "--dtype"),
+    "train: bad dtype": ("train.py", ["--dtype", "float8"], "--dtype"),
+    "train: unknown algorithm": ("train.py", ["--algo", "nope"], "--algo"),
+    "train: unknown task": ("train.py", ["--task", "nope"], "--task"),
+    "eval: unknown task": ("eval.py", ["--task", "nope"], "--task"),
+    "eval: k above n": ("eval.py", ["--n", 2, "--k", 1, 4], "--k"),
+    "eval: k not a number": ("eval.py", ["--k", "one"], "--k"),
+    "train: run exists without --resume": ("train.py", ["--steps", 2, "--out", "{trained}"], "--resume"),
+    "train: --population 3 with antithetic": ("train.py", ["--population", 3, *TINY[2:]], "--population"),
+    "train grpo: --group-size 1": ("train.py", ["--algo", "grpo", "--group-size", 1], "--group-size"),
+    "train c3po: --chunks 3": ("train.py", ["--algo", "c3po", "--chunks", 3], "--chunks"),
+    # More.
+    "train: --steps abc": ("train.py", ["--steps", "abc"], "--steps"),
+    "train: --eval-samples 0": ("train.py", ["--eval-samples", 0], "--eval-samples"),
+    "train: --final-samples 0": ("train.py", ["--final-samples", 0], "--final-samples"),
+    "train: --seed -1": ("train.py", ["--seed", -1], "--seed"),
+    "train: --population 0": ("train.py", ["--population", 0], "--population"),
+    "train: --alpha inf": ("train.py", ["--alpha", "inf"], "--alpha"),
+    "train: --rank 0": ("train.py", ["--mode", "lowrank", "--rank", 0], "--rank"),
+    "train grpo: --prompts 0": ("train.py", ["--algo", "grpo", "--prompts", 0], "--prompts"),
+    "train grpo: --beta -1": ("train.py", ["--algo", "grpo", "--beta", -1], "--beta"),
+    "train grpo: --epsilon-low 1.5": ("train.py", ["--algo", "grpo", "--epsilon-low", 1.5], "--epsilon-low"),
+    "train grpo: --max-grad-norm 0": ("train.py", ["--algo", "grpo", "--max-grad-norm", 0], "--max-grad-norm"),
+    "train grpo: --max-grad-norm nan": ("train.py", ["--algo", "grpo", "--max-grad-norm", "nan"], "--max-grad-norm"),
+    "train grpo: --lora-rank -1": ("train.py", ["--algo", "grpo", "--lora-rank", -1], "--lora-rank"),
+    "train m3po: --samples 0": ("train.py", ["--algo", "m3po", "--samples", 0], "--samples"),
+    "train c3po: --beta2 1": ("train.py", ["--algo", "c3po", "--beta2", 1], "--beta2"),
+    "train c3po: --ess 0": ("train.py", ["--algo", "c3po", "--ess", 0], "--ess"),
+    "eval: --n -1": ("eval.py", ["--n", -1], "--n"),
+    "eval: --k 0": ("eval.py", ["--k", 0], "--k"),
+    "eval: --seed -1": ("eval.py", ["--seed", -1], "--seed"),
+}
+
+# Found by the algorithm at its first step, after the "before" evaluation made the run directory (a rerun
+# starts such a run again: see test_a_run_without_checkpoint_starts_again).
+AT_FIRST_STEP = {"train: --population 3 with antithetic"}
+
+
+def _row(name):
+    row = BAD[name]
+    return row.values if hasattr(row, "values") else row
+
+
+def _args(name, model, tmp, **values):
+    script, args, _ = _row(name)
+    values = {"file": tmp / "a-file", "tmp": tmp, **values}
+    (tmp / "a-file").write_text("not a directory\n")
+    extra = ["--model", model] + (["--out", tmp / "out"] if script == "train.py" else [])
+    return script, [str(a).format(**values) for a in extra + args]
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory, model_dir):
+    """The out directory of a 2-step ES run that saved after each step (step-000001 and step-000002)."""
+    out = tmp_path_factory.mktemp("trained")
+    with single_thread():  # a module fixture is set up before the one_thread of the first test
+        code, _ = run_in_process("train.py", "--model", model_dir, "--out", out, "--steps", 2, "--save-every", 1,
+                                 *TINY)
+    assert code == 0
+    return out
+
+
+@pytest.mark.parametrize("name", [pytest.param(n, marks=BAD[n].marks) if hasattr(BAD[n], "marks") else n
+                                  for n in BAD])
+def test_bad_input(name, tmp_path, model_dir, trained, capsys):
+    script, args = _args(name, model_dir, tmp_path, trained=trained)
+    code, message = run_in_process(script, *args)
+    last = assert_one_line_error(name, code, capsys.readouterr().err + message)
+    assert _row(name)[2] in last, f"{name}: {last!r}"
+    assert name in AT_FIRST_STEP or not (tmp_path / "out").exists(), f"{name}: wrote a run directory"
+
+
+def test_bad_input_in_a_subprocess(tmp_path, model_dir):
+    names = ["train: --alpha nan", "eval: --problems 0", "train: --out under a regular file", "eval: missing model"]
+    procs = {}
+    for name in names:
+        script, args = _args(name, model_dir, tmp_path)
+        procs[name] = start_script(script, *args)
+    for name, proc in procs.items():
+        r = finish(proc)
+        last = assert_one_line_error(name, r.returncode, r.stderr)
+        assert _row(name)[2] in last
+
+
+def test_help_shows_the_ranges(capsys):
+    run_in_process("train.py", "--algo", "grpo", "--help")
+    out = " ".join(capsys.readouterr().out.split())
+    assert "learning rate; a finite number > 0 (default: 0.0001)" in out
+    assert "a number > 0 (inf allowed) (default: 1.0)" in out
+
+
+def _copy(trained, tmp_path):
+    run = tmp_path / RUN
+    shutil.copytree(trained / RUN, run)
+    return run
+
+
+def _steps(run):
+    return [json.loads(line)["step"] for line in (run / "log.jsonl").read_text().splitlines()]
+
+
+def _resume(run, model_dir, *extra):
+    return run_in_process("train.py", "--model", model_dir, "--out", run.parent, "--steps", 3, "--save-every", 1,
+                          *TINY, *extra)
+
+
+@pytest.mark.parametrize("damage, skipped, resumed", [
+    ("state", "step-000002/training_state.pt does not load", "step-000001"),
+    ("latest", "latest does not name a complete checkpoint", "step-000002"),
+])
+def test_resume_skips_what_does_not_load(damage, skipped, resumed, tmp_path, model_dir, trained, capsys):
+    run = _copy(trained, tmp_path)
+    if damage == "state":
+        (run / "step-000002" / "training_state.pt").write_bytes(b"\x80\x04garbage, not a pickle")
+    else:
+        (run / "latest").write_bytes(b"\xff\xfe\x00\x9c garbage")
+    code, _ = _resume(run, model_dir, "--resume")
+    err = capsys.readouterr().err
+    assert code == 0, err[-3000:]
+    warning = next(line for line in err.splitlines() if line.startswith("warning:"))
+    assert skipped in warning and warning.endswith(f"resuming from {run / resumed}")
+    assert _steps(run) == [1, 2, 3]
+    assert (run / "latest").read_text() == "step-000003"
+
+
+def test_resume_when_no_checkpoint_loads(tmp_path, model_dir, trained, capsys):
+    run = _copy(trained, tmp_path)
+    for step in ("step-000001", "step-000002"):
+        (run / step / "training_state.pt").write_bytes(b"garbage")
+    (run / "latest").write_bytes(b"\xff\xfe")
+    code, message = _resume(run, model_dir, "--resume")
+    last = assert_one_line_error("no checkpoint loads", code, capsys.readouterr().err + message)
+    assert "training_state.pt does not load" in last and "--run-name" in last
+
+
+@pytest.mark.parametrize("resume", [[], ["--resume"]])
+def test_a_run_without_checkpoint_starts_again(resume, tmp_path, model_dir, trained, capsys):
+    """A run killed after its first evaluation, before its first checkpoint."""
+    run = _copy(trained, tmp_path)
+    for entry in ("step-000001", "step-000002", "latest", "summary.json"):
+        shutil.rmtree(run / entry) if (run / entry).is_dir() else (run / entry).unlink()
+    (run / "log.jsonl").write_text('{"step": 1}\n{"step": 2}\n{"step": 3}\n{"step": 4}\n')
+    code, _ = _resume(run, model_dir, *resume)
+    err = capsys.readouterr().err
+    assert code == 0, err[-3000:]
+    assert f"note: {run} has no checkpoint; starting it from step 0" in err.splitlines()
+    assert _steps(run) == [1, 2, 3]  # the stale log is gone
+
+
+def test_out_in_missing_directories_is_created(tmp_path, model_dir):
+    code, _ = run_in_process("eval.py", "--model", model_dir, "--problems", 2, "--n", 1, "--k", 1,
+                             "--out", tmp_path / "a" / "b" / "x.json")
+    assert code == 0 and (tmp_path / "a" / "b" / "x.json").exists()
+
+
+def _nan_update(monkeypatch, step):
+    """ES's third update is NaN (α = nan); the rewards never tie, so that there is an update."""
+    from minies import es
+    monkeypatch.setattr(es, "normalize_rewards", lambda rewards, how: np.linspace(-0.5, 0.5, len(rewards)))
+    original, calls = es.ES.step, []
+
+    def nan_step(self, problems, seed):
+        calls.append(seed)
+        if len(calls) == step:
+            self.cfg.alpha = math.nan
+        return original(self, problems, seed)
+    monkeypatch.setattr(es.ES, "step", nan_step)
+
+
+def _nan_weight(monkeypatch, step):
+    """A weight becomes NaN in the third step, after the algorithm's own checks: train.py's check catches it."""
+    from minies import es
+    original, calls = es.ES.step, []
+
+    def nan_step(self, problems, seed):
+        stats = original(self, problems, seed)
+        calls.append(seed)
+        if len(calls) == step:
+            next(self.model.parameters()).data[0, 0] = math.nan
+        return stats
+    monkeypatch.setattr(es.ES, "step", nan_step)
+
+
+def _nan_loss(monkeypatch, step):
+    """GRPO's third batch of advantages is NaN: its loss is, and the optimizer must not step."""
+    from minies import grpo
+    original, calls = grpo.group_advantages, []
+
+    def nan_advantages(rewards, scale="group", eps=1e-4):
+        calls.append(1)
+        return original(rewards, scale, eps) * (math.nan if len(calls) == step else 1)
+    monkeypatch.setattr(grpo, "group_advantages", nan_advantages)
+
+
+@pytest.mark.parametrize("inject, algo, what", [
+    (_nan_update, ["--algo", "es", *TINY[:4]], "the update of"),
+    (_nan_weight, ["--algo", "es", *TINY[:4]], "a weight of the model"),
+    (_nan_loss, ["--algo", "grpo", "--prompts", 2, "--group-size", 2], "the loss"),
+])
+def test_divergence_stops_the_run_and_keeps_the_last_good_checkpoint(inject, algo, what, tmp_path, model_dir,
+                                                                      monkeypatch, capsys):
+    inject(monkeypatch, 3)
+    code, message = run_in_process("train.py", *algo, "--model", model_dir, "--out", tmp_path, "--steps", 5,
+                                   "--save-every", 1, "--eval-problems", 4, "--final-samples", 2, "--eval-every", 0)
+    last = assert_one_line_error("divergence", code, capsys.readouterr().err + message)
+    assert last.startswith("error: step 3: ") and what in last and "--lr/--alpha" in last
+    run = next(tmp_path.iterdir())
+    assert (run / "latest").read_text() == "step-000002"
+    assert _steps(run) == [1, 2]
+    good = checkpoint.latest(str(run))
+    state = checkpoint.load_state(good)
+    for t in state["algorithm"].get("master", []) + list(state["algorithm"].get("weights", {}).values()):
+        assert torch.isfinite(t).all()
+    from minies.models import load_model
+    check_finite_weights(load_model(good, device="cpu"))
+
+
+def test_guard():
+    check_finite("x", 1.0)
+    check_finite("x", torch.ones(3))
+    for bad in (math.nan, math.inf, torch.tensor([1.0, math.nan])):
+        with pytest.raises(Diverged, match="x is not finite"):
+            check_finite("x", bad)
+    assert str(Diverged("the loss", 7)).startswith("step 7: the loss is not finite")
+    model = torch.nn.Linear(2, 2)
+    check_finite_weights(model)
+    with torch.no_grad():
+        model.bias[1] = math.inf
+    with pytest.raises(Diverged, match="weight"):
+        check_finite_weights(model)
+
+
+@pytest.mark.parametrize("n, c, k", [(4, 5, 1), (4, -1, 1), (4, 2, 0), (4, 2, -1), (4.0, 2, 1), (4, 2.0, 1),
+                                     (4, 2, 1.0), (4, 2, 5), ("4", 2, 1)])
+def test_pass_at_k_rejects_impossible_counts(n, c, k):
+    with pytest.raises(ValueError):
+        pass_at_k(n, c, k)
+
+
+def test_pass_at_k_accepts_numpy_integers():
+    assert pass_at_k(np.int64(4), np.int32(2), 1) == pytest.approx(0.5)
+
+
+@pytest.mark.xfail(strict=False, reason="the arithmetic verifier is being fixed in another change")
+@pytest.mark.parametrize("answer", ["１２", "١٢"])
+def test_arithmetic_rejects_non_ascii_digits(answer):
+    from minies.tasks import Problem, get_task
+    score = get_task("arithmetic").score(f"<answer>{answer}</answer>", Problem("5+7", "12"))
+    assert score.malformed and not score.correct
