@@ -25,3 +25,9 @@ def add_arguments(parser, config_class, title=None):
 
 def from_args(config_class, args):
     return config_class(**{f.name: getattr(args, f.name) for f in dataclasses.fields(config_class)})
+
+
+def option_of(config_class, name):
+    """Field `name` of another config dataclass, for a script that takes the same flag: declared once."""
+    f = next(f for f in dataclasses.fields(config_class) if f.name == name)
+    return dataclasses.field(default=f.default, metadata=f.metadata)

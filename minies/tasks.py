@@ -2,7 +2,7 @@
 
 A task is one small class: it makes `Problem`s and scores a completion against one.
 The verifier only ever sees the completion (never the prompt), so examples inside the
-prompt cannot earn reward (pitfall 4 of PAPERS.md section 2).
+prompt cannot earn reward (pitfall 4 of docs/papers.md section 2).
 
 Reward = 1.0 * correct + FORMAT_BONUS * well_formed, where well_formed means an answer could be
 extracted from the completion (it is not `malformed`). The bonus is small so that being right
