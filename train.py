@@ -6,7 +6,7 @@
     torchrun --nproc_per_node 2 train.py ...     # several processes (gloo on CPU, nccl on CUDA)
 
 Every algorithm gets the same prompts, rewards, logging, checkpoints and evaluation; the
-algorithm itself lives in minies/<algo>.py and only implements `step`.
+algorithm itself lives in minies/<algo>.py and provides what minies/algorithm.py lists.
 """
 import argparse
 import dataclasses

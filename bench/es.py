@@ -21,15 +21,33 @@ import subprocess
 import sys
 import threading
 import time
+from dataclasses import dataclass
 
 import numpy as np
 import torch
 
 from bench.qwen_shapes import QWEN_05B
+from minies.config import add_arguments, from_args, option, option_of
 from minies.es import ES, ESConfig, member_seeds, noise
 from minies.models import SHIPPED_MODEL, load_model, load_tokenizer, model_device
 from minies.rollout import format_prompts, generate
 from minies.tasks import Arithmetic
+from train import TrainConfig
+
+
+@dataclass
+class BenchConfig:
+    model: str = option("shipped", "model under test", choices=["shipped", "qwen0.5b-random"])
+    dtype: str = option_of(TrainConfig, "dtype")
+    load_in_8bit: bool = option_of(TrainConfig, "load_in_8bit")
+    population: int = option(32, "ES members per step (N)")
+    prompts: int = option(256, "prompts per member (P)")
+    micro_batch: int = option(1024, "rows per generate call (lowrank: whole members)")
+    new_tokens: int = option(10, "max new tokens per row")
+    params: str = option(".*", "regex of the perturbed parameters ('.*': all of them)")
+    repeats: int = option(3, "time each measurement this many times, keep the fastest")
+    skip_torchrun: bool = option(False, "skip the 2-process measurement")
+    scratch: str = option("/tmp/minies-bench", "where the 8-bit random model is saved")
 
 
 def build(args):
@@ -214,19 +232,11 @@ def step_time(args):
 
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--model", default="shipped", choices=["shipped", "qwen0.5b-random"], help="model under test")
-    p.add_argument("--dtype", default="float32", help="weights dtype: float32, bfloat16 or float16")
-    p.add_argument("--load-in-8bit", action="store_true", help="load the linear layers in 8-bit")
-    p.add_argument("--population", type=int, default=32, help="ES members per step (N)")
-    p.add_argument("--prompts", type=int, default=256, help="prompts per member (P)")
-    p.add_argument("--micro-batch", type=int, default=1024, help="rows per generate call (lowrank: whole members)")
-    p.add_argument("--new-tokens", type=int, default=10, help="max new tokens per row")
-    p.add_argument("--params", default=".*", help="regex of the perturbed parameters (default: all of them)")
-    p.add_argument("--repeats", type=int, default=3, help="time each measurement this many times, keep the fastest")
-    p.add_argument("--skip-torchrun", action="store_true", help="skip the 2-process measurement")
-    p.add_argument("--scratch", default="/tmp/minies-bench", help="where the 8-bit random model is saved")
+    add_arguments(p, BenchConfig, "bench.es")
     p.add_argument("--probe", help=argparse.SUPPRESS)  # internal: one measurement in a fresh process
-    args = p.parse_args()
+    parsed = p.parse_args()
+    args = from_args(BenchConfig, parsed)
+    args.probe = parsed.probe
     torch.set_grad_enabled(args.probe == "grpo")
     if args.probe:
         value = step_time(args) if args.probe == "step" else memory_probe(args, args.probe)

@@ -135,6 +135,57 @@ def write_markdown(results, path):
         f.write("\n".join(lines) + "\n")
 
 
+# The panels of the reward plot: one per family of methods, so that each holds a few lines.
+FAMILIES = (("ES", lambda m: m == "es" or m.startswith("es-sigma")), ("GRPO", lambda m: m in ("grpo", "grpo-hot")),
+            ("3PO", lambda m: m == "c3po"), ("sequential", lambda m: m in ("grpo-es", "es-grpo")))
+
+
+def running_mean(values, window):
+    """Mean of each value and the window − 1 before it (fewer at the start)."""
+    total, out = 0.0, []
+    for i, v in enumerate(values):
+        total += v - (values[i - window] if i >= window else 0.0)
+        out.append(total / min(i + 1, window))
+    return out
+
+
+def smoothed_reward(runs, method, points=200):
+    """(tokens, mean over seeds, min, max) of a method's training reward, each seed's series first
+    smoothed over a tenth of its run, then read on a common grid of generated tokens."""
+    import numpy as np
+
+    series = [list(zip(*r["reward"])) for r in runs.values() if r["method"] == method and r.get("reward")]
+    grid = np.linspace(max(s[0][0] for s in series), min(s[0][-1] for s in series), points)
+    curves = np.array([np.interp(grid, tokens, running_mean(reward, max(1, len(reward) // 10)))
+                       for tokens, reward in series])
+    return grid, curves.mean(0), curves.min(0), curves.max(0)
+
+
+def plot_reward(plt, runs, color):
+    """Training reward against generated tokens, a panel per family of methods: per method the mean over
+    seeds (line) and their range (band). The axes are shared so that the panels compare."""
+    from matplotlib.ticker import FuncFormatter
+
+    fig, axes = plt.subplots(2, 2, figsize=(10, 7), sharex=True, sharey=True)
+    methods = ordered({r["method"] for r in runs.values() if r.get("reward")})
+    for ax, (family, member) in zip(axes.flat, FAMILIES):
+        for m in filter(member, methods):
+            grid, mean_, low, high = smoothed_reward(runs, m)
+            ax.plot(grid, mean_, color=color[m], lw=2, label=label(m))
+            ax.fill_between(grid, low, high, color=color[m], alpha=0.15, lw=0)
+        ax.legend(loc="lower right")
+        ax.set_title(family)
+        ax.grid(alpha=0.3)
+        ax.xaxis.set_major_formatter(FuncFormatter(lambda x, _: f"{x / 1000:g}k"))
+    for ax in axes[1]:
+        ax.set_xlabel("generated training tokens")
+    for ax in axes[:, 0]:
+        ax.set_ylabel("training reward")
+    fig.suptitle("Training reward, running mean over a tenth of each run; band: range over seeds\n"
+                 "(ES: the members' mean reward at greedy decoding; the others: sampled rollouts)")
+    return fig
+
+
 def mean(seeds, quarter, key):
     """Mean over seeds of one quarter's rescued or lost count."""
     return sum(r["quarters"][quarter][key] for r in seeds.values()) / len(seeds)
@@ -180,13 +231,15 @@ def plot(results, out):
              "malformed rate"),
             ("train_malformed", "train_malformed.png",
              "training rollouts' malformed rate (own temperature)", "malformed rate"),
-            ("reward", "reward.png", "training reward (ES: mean over members, greedy)", "reward"),
             ("js_diversity", "es_diversity.png", "ES population diversity (verifier-projected JS)", "JS diversity")):
         fig, ax = plt.subplots(figsize=(6, 4))
         for run in (r for r in runs.values() if r.get(key)):
             ax.plot(*zip(*run[key]), color=color[run["method"]], lw=1, alpha=0.8, label=label(run["method"]))
         finish(ax, title, "generated training tokens", ylabel)
         save(fig, name)
+
+    fig = plot_reward(plt, runs, color)
+    save(fig, "reward.png")
 
     points = results.get("diversity_link", {}).get("runs", [])
     if points:  # one point per ES run: its mean diversity against its final pass@k, for the smallest and largest k

@@ -1,4 +1,4 @@
-"""Reproduce the founding papers' findings on the shipped model (issue #7, PAPERS.md section 1).
+"""Reproduce the founding papers' findings on the shipped model (docs/papers.md section 1).
 
     python -m bench.reproduce --quick            # a smoke run of every stage: under a minute on one core
     python -m bench.reproduce --out results      # the full run: 37 min on 2 cores (plan and estimate printed first)
@@ -59,11 +59,9 @@ HELDOUT_SAMPLES = 4  # samples per problem of train.py's evaluations during trai
 RESCUE_PAIRS = (("c3po", "grpo"), ("c3po", "grpo-hot"), ("grpo-hot", "grpo"))
 BUDGET_FRACTIONS = (0.0, 0.25, 0.5, 0.75, 1.0)  # where the summary reads the held-out malformed series
 
-# Planning constants, measured on the shipped model with one thread on a busy 2-core machine (load ~4):
-# a GRPO step 0.35 s and a C3PO step 0.7 s (up to 2 s under more load: planned at 2) at 16 prompts × 8;
-# one ES member's greedy scoring 0.055 s + 0.58 ms per prompt (2.35 s a step at 32 × 32, 6.5 s at
-# 32 × 256); an evaluation ~2 ms per sample (sampling, the entropy pass and greedy decoding together).
-# GRPO-hot is planned as GRPO (at temperature 1.5 the start model's completions were ~7% longer; less at 1.2).
+# Planning constants: seconds per unit of work on the shipped model with one thread on a loaded 2-core
+# CPU. They only size the plan printed first and the first piece of each run (the second piece is sized
+# from the measured tokens per step). A C3PO step is planned at the slow end of its range, GRPO-hot as GRPO.
 GRPO_STEP_SECONDS = {"grpo": 0.35, "grpo-hot": 0.35, "c3po": 2.0}
 ES_MEMBER_SECONDS, ES_PROMPT_SECONDS = 0.055, 0.00058
 EVAL_SAMPLE_SECONDS = 0.002

@@ -88,3 +88,9 @@ class TaskOptions:
                                choices=["auto", "terse", "instruct"])
     max_new_tokens: int = option(None, "tokens generated per completion (default: the task's for the prompt "
                                  "style; instruct: arithmetic 256, countdown 1024, gsm8k 512)", check="positive")
+
+
+def option_of(config_class, name):
+    """Field `name` of another config dataclass, for a script that takes the same flag: declared once."""
+    f = next(f for f in dataclasses.fields(config_class) if f.name == name)
+    return dataclasses.field(default=f.default, metadata=f.metadata)

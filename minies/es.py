@@ -1,6 +1,6 @@
 """Evolution Strategies (Salimans et al. 2017; Qiu et al. 2025, "ES at scale") with seeded in-place noise.
 
-One step, with N members, noise scale σ and step size α (PAPERS.md section 2):
+One step, with N members, noise scale σ and step size α (docs/papers.md section 2):
 
     for n = 1..N:   θ_n = θ + σ·ε_n          ε_n ~ N(0, I), regenerated from (seed_n, tensor index)
                     R_n = mean reward of the model θ_n on the step's prompts
@@ -46,6 +46,7 @@ the weights stay identical without ever being communicated.
 import re
 import time
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -109,6 +110,32 @@ def normalize_rewards(rewards, how):
     return average_ranks(r) / (len(r) - 1) - 0.5
 
 
+class Fitness(NamedTuple):
+    """The population's scores in one step, over all ranks."""
+    rewards: np.ndarray  # [N] mean reward of each member
+    errors: np.ndarray  # [N] standard error of each member's mean reward
+    outcomes: dict  # member -> per-prompt outcome labels (minies.analysis.answer_outcome)
+    tokens: int  # generated tokens
+    seconds_per_member: float  # on this rank
+
+
+def population_log(fitness, z, num_problems):
+    """The log's view of a population: its rewards, how far their spread stands above the noise of
+    measuring one member, and how differently the members answer."""
+    rewards, outcomes = fitness.rewards, fitness.outcomes
+    return {
+        "reward_mean": float(rewards.mean()), "reward_max": float(rewards.max()),
+        "reward_min": float(rewards.min()), "reward_std": float(rewards.std()),
+        # Spread of the members' fitness over the noise of measuring one member's fitness:
+        # below ~1 the ranking is mostly noise (use more prompts or a larger σ).
+        "fitness_snr": float(rewards.std() / max(fitness.errors.mean(), 1e-12)),
+        "all_tied": bool(not z.any()),
+        # How differently the members answer, seen through the verifier (0: all alike, 1: all differ).
+        "js_diversity": js_diversity([[[outcomes[n][j]] for j in range(num_problems)] for n in sorted(outcomes)])
+        if len(outcomes) > 1 else 0.0,
+    }
+
+
 class PerturbedTensor:
     """One parameter the ES perturbs: its fp32 master on the host and how to write values into it."""
 
@@ -147,9 +174,8 @@ class PerturbedTensor:
 
 
 class ES:
-    # On the shipped model, with the defaults, held-out greedy accuracy (500 problems) went 38.2% -> 47.0%
-    # at step 80, 47.8% at 120 and 49.2% at 140.
-    default_steps = 140
+    resume_from_base = False  # checkpoints hold the trained model itself
+    default_steps = 140  # sized for the shipped model (what it gives: docs/results.md)
 
     def __init__(self, model, tokenizer, task, config, chat_template=True):
         self.model, self.tokenizer, self.task, self.cfg = model, tokenizer, task, config
@@ -160,13 +186,13 @@ class ES:
         pattern = re.compile(config.params)
         self.tensors = [PerturbedTensor(i, name, p, owner[id(p)])
                         for i, (name, p) in enumerate(model.named_parameters()) if pattern.search(name)]
-        self.population = None
-        if config.mode == "lowrank":
+        self.lowrank, self.population = config.mode == "lowrank", None
+        if self.lowrank:
             from minies.eggroll import LowRankPopulation
             self.population = LowRankPopulation(model, self.tensors, config.rank, noise)
             self.tensors = self.population.tensors
         if not self.tensors:
-            in_mode = " that lowrank mode perturbs (weights of Linear and embedding layers)" if self.population else ""
+            in_mode = " that lowrank mode perturbs (weights of Linear and embedding layers)" if self.lowrank else ""
             raise UserError(f"--params {config.params!r} matches no parameter of the model{in_mode}")
         self.theta0 = [t.master.clone() for t in self.tensors]
         for p in model.parameters():
@@ -188,8 +214,20 @@ class ES:
 
     @torch.no_grad()
     def step(self, problems, seed):
-        cfg = self.cfg
-        members = member_seeds(seed, cfg.population, cfg.antithetic)
+        """One ES step (module docstring): score the members, normalise their rewards, update."""
+        members = member_seeds(seed, self.cfg.population, self.cfg.antithetic)
+        start = time.time()
+        fitness = self.score_population(members, problems, seed)  # R_n of every member, over all ranks
+        z = normalize_rewards(fitness.rewards, self.cfg.normalize)
+        update_norm = self.update(members, z)
+        return {**population_log(fitness, z, len(problems)), "update_norm": update_norm, "drift": self.drift(),
+                "seconds_per_member": fitness.seconds_per_member,
+                "tokens_per_second": fitness.tokens / max(time.time() - start, 1e-9),  # all ranks together
+                "tokens": fitness.tokens}
+
+    def score_population(self, members, problems, seed):
+        """Every member's mean reward on `problems` (this rank scores its share; one all-reduce), with
+        what population_log needs."""
         rewards = torch.zeros(len(members), dtype=torch.float64)
         errors = torch.zeros(len(members), dtype=torch.float64)  # standard error of each member's mean reward
         tokens = torch.zeros(1, dtype=torch.float64)
@@ -201,49 +239,44 @@ class ES:
             rewards[n], errors[n] = per_prompt.mean(), per_prompt.std() / np.sqrt(len(per_prompt))
             tokens += count
             outcomes[n] = labels
-        member_seconds = (time.time() - start) / max(len(mine), 1)
+        seconds_per_member = (time.time() - start) / max(len(mine), 1)
         for x in (rewards, errors, tokens):
             distributed.all_reduce_sum(x)
         outcomes = {n: o for part in distributed.all_gather_objects(outcomes) for n, o in part.items()}
-        rewards, errors = rewards.numpy(), errors.numpy()
-        z = normalize_rewards(rewards, cfg.normalize)
+        return Fitness(rewards.numpy(), errors.numpy(), outcomes, int(tokens.item()), seconds_per_member)
 
-        # Σ_n z_n·sign_n·ε_n as (seed, coefficient) terms: a mirrored pair shares its seed, hence its ε,
-        # so its two terms merge into one and each ε is regenerated once, not twice.
+    def update(self, members, z):
+        """θ ← θ + α·(1/N)·Σ_n z_n·ε_n (ε_n signed: −ε of its pair for a mirrored member), on each perturbed
+        tensor's fp32 master, then the model's tensor is rewritten from it. Returns the update's norm."""
+        # The sum as (seed, coefficient) terms. An optimisation: a mirrored pair shares its seed, hence its ε,
+        # so its two terms merge into one, (z_2k − z_2k+1)·ε_2k, and each ε is regenerated once, not twice.
         terms = {}
         for (member_seed, sign), zn in zip(members, z):
             terms[member_seed] = terms.get(member_seed, 0.0) + float(sign * zn)
         terms = [(member_seed, c) for member_seed, c in terms.items() if c]
-        update_sq, drift_sq = 0.0, 0.0
-        for t, t0 in zip(self.tensors, self.theta0):
-            if terms:
-                direction = (self.population or self).direction(t, terms)
-                delta = (cfg.alpha / len(members)) * direction.cpu()
-                check_finite(f"the update of {t.name}", delta)  # before it reaches the master
-                t.master += delta
-                t.clean()
-                update_sq += float(delta.pow(2).sum())
-            drift_sq += float((t.master - t0).pow(2).sum())
-        return {
-            "reward_mean": float(rewards.mean()), "reward_max": float(rewards.max()),
-            "reward_min": float(rewards.min()), "reward_std": float(rewards.std()),
-            # Spread of the members' fitness over the noise of measuring one member's fitness:
-            # below ~1 the ranking is mostly noise (use more prompts or a larger σ).
-            "fitness_snr": float(rewards.std() / max(errors.mean(), 1e-12)),
-            "all_tied": bool(not z.any()),
-            # How differently the members answer, seen through the verifier (0: all alike, 1: all differ).
-            "js_diversity": js_diversity([[[outcomes[n][j]] for j in range(len(problems))] for n in sorted(outcomes)])
-            if len(outcomes) > 1 else 0.0,
-            "update_norm": update_sq ** 0.5, "drift": drift_sq ** 0.5,
-            "seconds_per_member": member_seconds,
-            "tokens_per_second": float(tokens.item()) / max(time.time() - start, 1e-9),  # all ranks together
-            "tokens": int(tokens.item()),
-        }
+        if not terms:  # every reward tied: no signal, no step
+            return 0.0
+        update_sq = 0.0
+        for t in self.tensors:
+            if self.lowrank:
+                direction = self.population.direction(t, terms)  # Σ c·A·Bᵀ/√r as one matmul (eggroll.py)
+            else:
+                direction = self.direction(t, terms)  # Σ c·ε, each ε regenerated from its seed
+            delta = (self.cfg.alpha / len(members)) * direction.cpu()
+            check_finite(f"the update of {t.name}", delta)  # before it reaches the master
+            t.master += delta
+            t.clean()
+            update_sq += float(delta.pow(2).sum())
+        return update_sq ** 0.5
+
+    def drift(self):
+        """‖θ − θ0‖ over the perturbed tensors."""
+        return sum(float((t.master - t0).pow(2).sum()) for t, t0 in zip(self.tensors, self.theta0)) ** 0.5
 
     def score_members(self, members, mine, problems, prompts, seed):
         """Yield (n, per-prompt rewards, generated tokens, per-prompt outcomes) for each member n in `mine`.
         Common random numbers: every member is scored on the same prompts with the same sampling seed."""
-        if self.population is None:  # in place: write θ + σ·ε_n into the model, one member at a time
+        if not self.lowrank:  # in place: write θ + σ·ε_n into the model, one member at a time
             for n in mine:
                 for t in self.tensors:
                     t.perturbed(*members[n], self.cfg.sigma)

@@ -18,7 +18,7 @@ aggregated over the batch by one of
 
 with μ optimizer steps per batch. π_old is the policy before the first of them, so its log-probs
 are the first pass's, detached: at the first pass ratio = 1 and the loss value is ~0, but its
-gradient is the policy gradient (PAPERS.md section 3).
+gradient is the policy gradient (docs/papers.md section 3).
 
 A batch is cut into micro-batches whose gradients accumulate, and with torchrun the prompts are
 shared between processes under DistributedDataParallel. Every normaliser above (B, Σ|o_i|) is the
@@ -32,6 +32,7 @@ and checkpoints hold the merged float model.
 import contextlib
 import copy
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 from torch.nn.parallel import DistributedDataParallel
@@ -73,6 +74,15 @@ class GRPOConfig:
                                "comma-separated names of the linear layers that get adapters")
 
 
+class Scores(NamedTuple):
+    """Per completion [P, G], over the whole batch (all ranks)."""
+    rewards: torch.Tensor
+    correct: torch.Tensor
+    malformed: torch.Tensor
+    lengths: torch.Tensor  # completion tokens
+    truncated: torch.Tensor  # 1 where the completion hit max_new_tokens without EOS
+
+
 def group_advantages(rewards, scale="group", eps=1e-4):
     """Advantages [P, G] from rewards [P, G]: each reward minus its group's mean, divided by the
     group's std ("group"), the whole batch's ("batch"), or nothing ("none", Dr. GRPO).
@@ -112,15 +122,7 @@ def grpo_loss(logps, old_logps, advantages, mask, epsilon_low=0.2, epsilon_high=
         delta = ref_logps - logps
         kl = torch.exp(delta) - delta - 1
         per_token = per_token + beta * kl
-    if aggregation == "grpo":
-        weights = mask / mask.sum(1, keepdim=True).clamp(min=1) / num_sequences
-    elif aggregation == "dapo":
-        weights = mask / num_tokens
-    elif aggregation == "dr_grpo":
-        weights = mask / (num_sequences * max_len)
-    else:
-        raise ValueError(f"aggregation {aggregation!r}: choose one of {', '.join(AGGREGATIONS)}")
-    loss = (per_token * weights).sum()
+    loss = (per_token * token_weights(mask, aggregation, num_sequences, num_tokens, max_len)).sum()
 
     with torch.no_grad():
         tokens = mask.sum().clamp(min=1)
@@ -131,11 +133,22 @@ def grpo_loss(logps, old_logps, advantages, mask, epsilon_low=0.2, epsilon_high=
     return loss, stats
 
 
+def token_weights(mask, aggregation, num_sequences, num_tokens, max_len):
+    """Each token's weight in the batch loss [B, T] under one of the aggregations (module docstring)."""
+    if aggregation == "grpo":
+        return mask / mask.sum(1, keepdim=True).clamp(min=1) / num_sequences
+    if aggregation == "dapo":
+        return mask / num_tokens
+    if aggregation == "dr_grpo":
+        return mask / (num_sequences * max_len)
+    raise ValueError(f"aggregation {aggregation!r}: choose one of {', '.join(AGGREGATIONS)}")
+
+
 class GRPO:
     # Checkpoints hold merged weights, so --resume starts again from the base model and state_dict
     # restores the trained weights. This also keeps the base as the reference policy.
     resume_from_base = True
-    default_steps = 200  # +13.5 points of pass@1 on the shipped model (README, "Results so far")
+    default_steps = 200  # sized for the shipped model (what it gives: docs/results.md)
 
     def __init__(self, model, tokenizer, task, config, chat_template=True):
         world = distributed.world_size()
@@ -168,101 +181,144 @@ class GRPO:
 
     def step(self, problems, seed):
         """Sample, score and update on `problems` (the same list on every rank); returns the log."""
-        cfg, G = self.config, self.config.group_size
-        mine = distributed.shard(list(range(len(problems))))  # this rank's prompts
-        local = [problems[i] for i in mine for _ in range(G)]  # each group's completions side by side
-        prompts = format_prompts(self.tokenizer, [p.question for p in local], self.chat_template)
-        rollouts = self.sample(prompts, seed * distributed.world_size() + distributed.rank())
-        scores = [self.task.score(text, p) for p, text in zip(local, rollouts.texts)]
-        per_completion = torch.tensor([[s.reward, s.correct, s.malformed] for s in scores], dtype=torch.float64)
-        per_completion = torch.cat([per_completion, rollouts.lengths[:, None].double(),
-                                    rollouts.truncated(self.tokenizer.eos_token_id)[:, None].double()], 1)
-        # Every rank gets the whole batch's rewards: for batch-std scaling and for the log.
-        table = torch.zeros(len(problems), G, per_completion.shape[1], dtype=torch.float64)
-        table[mine] = per_completion.view(len(mine), G, -1)
-        rewards, correct, malformed, lengths, truncated = distributed.all_reduce_sum(table).unbind(-1)
-        advantages = group_advantages(rewards, cfg.scale_rewards)[mine].flatten().float()
+        rollouts, scores = self.sample(problems, seed)
+        advantages = self.advantages(scores.rewards)
+        return self.log(scores, self.update(rollouts, advantages))
 
-        stats = self.update(rollouts, advantages)
-        return {"reward_mean": rewards.mean().item(), "reward_std": rewards.std().item(),
-                "accuracy": correct.mean().item(), "malformed": malformed.mean().item(),
-                "zero_std_groups": rewards.eq(rewards[:, :1]).all(1).double().mean().item(),
-                # Per prompt, in order: runs with the same --seed see the same prompts, so this pairs them.
-                "groups_solved": correct.gt(0).any(1).int().tolist(),
-                **stats, "length_mean": lengths.mean().item(), "length_max": lengths.max().item(),
-                "truncated": truncated.mean().item(), "tokens": int(lengths.sum().item())}
+    # The pieces of a step, also used by 3PO (minies/threepo.py) ------------------------------------
 
-    def sample(self, prompts, seed):
-        """One completion per prompt string from the current policy (the sampling policy π_old)."""
+    def sample(self, problems, seed):
+        """G completions for each of this rank's prompts from the current policy (the sampling policy
+        π_old), each group's side by side, and the whole batch's Scores."""
+        rollouts = self.generate(self.prompts(problems), seed * distributed.world_size() + distributed.rank())
+        return rollouts, self.score(problems, rollouts)
+
+    def prompts(self, problems):
+        """The prompt strings of this rank's rollouts: its share of `problems`, each repeated G times."""
+        return format_prompts(self.tokenizer, [p.question for p in self.local(problems)], self.chat_template)
+
+    def local(self, problems):
+        """This rank's share of `problems`, each repeated G times (a group's completions side by side)."""
+        G = self.config.group_size
+        return [problems[i] for i in distributed.shard(list(range(len(problems)))) for _ in range(G)]
+
+    def generate(self, prompts, seed):
+        """One completion per prompt string from the weights as they are now."""
         self.model.eval()
         return generate(self.model, self.tokenizer, prompts, self.task.max_new_tokens, self.config.temperature,
                         seed=seed)
 
-    def update(self, rollouts, advantages, step=True):
-        """μ optimizer steps on this rank's rollouts with their advantages [rows]; returns the log.
-        With step=False (and μ = 1) only the batch's clipped gradient is left in p.grad, for an
-        optimizer that steps elsewhere (3PO's IVON)."""
-        cfg = self.config
-        mask = rollouts.completion_mask
-        counts = distributed.all_reduce_sum(torch.tensor([len(mask), mask.sum().item()], dtype=torch.float64))
-        norm = {"num_sequences": counts[0].item(), "num_tokens": counts[1].item(), "max_len": self.task.max_new_tokens}
+    def score(self, problems, rollouts):
+        """Scores [P, G] of the whole batch: every rank gets them all, for batch-std scaling and the log."""
+        mine = distributed.shard(list(range(len(problems))))
+        scores = [self.task.score(text, p) for p, text in zip(self.local(problems), rollouts.texts)]
+        per_completion = torch.tensor([[s.reward, s.correct, s.malformed] for s in scores], dtype=torch.float64)
+        per_completion = torch.cat([per_completion, rollouts.lengths[:, None].double(),
+                                    rollouts.truncated(self.tokenizer.eos_token_id)[:, None].double()], 1)
+        table = torch.zeros(len(problems), self.config.group_size, per_completion.shape[1], dtype=torch.float64)
+        table[mine] = per_completion.view(len(mine), self.config.group_size, -1)
+        return Scores(*distributed.all_reduce_sum(table).unbind(-1))
+
+    def advantages(self, rewards):
+        """This rank's rows of the batch's group advantages (rewards [P, G]), in its rollouts' order."""
+        mine = distributed.shard(list(range(len(rewards))))
+        return group_advantages(rewards, self.config.scale_rewards)[mine].flatten().float()
+
+    def update(self, rollouts, advantages):
+        """μ optimizer steps on this rank's rollouts with their advantages [rows]; returns the log."""
+        passes, old = [], None
+        for _ in range(self.config.updates_per_batch):
+            sums, old = self.policy_gradient(rollouts, advantages, old)
+            sums["grad_norm"] = self.clip_gradient()
+            self.optimizer.step()
+            passes.append(sums)
+        return self.gradient_log(passes, rollouts)
+
+    def policy_gradient(self, rollouts, advantages, old=None):
+        """Leave ∇L_GRPO of this rank's rollouts with their advantages [rows] in p.grad (zeroed first).
+
+        `old` holds the log-probs of π_old and of the reference policy per micro-batch. On the first
+        pass it is None: π_old's are this pass's own, detached (so the ratio is 1 and the gradient is the
+        policy gradient), and the entropy is logged. Returns (this pass's sums over this rank's
+        tokens, for gradient_log; old) and passes `old` on to the next pass."""
+        cfg, mask, first = self.config, rollouts.completion_mask, old is None
+        norm = self.normalisers(mask)
         batches = [slice(s, s + cfg.micro_batch) for s in range(0, len(mask), cfg.micro_batch)]
-
-        def logps_of(model, rows, with_entropy=False):
-            return completion_logprobs(model, rollouts.prompt_ids[rows], rollouts.prompt_mask[rows],
-                                       rollouts.completion_ids[rows], mask[rows], cfg.temperature,
-                                       with_entropy=with_entropy, chunk=cfg.micro_batch)
-
         # transformers checkpoints activations only in train mode; the models here have no dropout.
-        # (On the CPU, bitsandbytes computes in float in train mode and in int8 in eval mode, so the
-        # reference below is computed in the policy's mode: equal weights give a KL of exactly 0.)
         self.model.train(cfg.gradient_checkpointing)
-        ref_logps = [None] * len(batches)
-        if cfg.beta > 0:
-            reference = self.model if self.reference is None else self.reference
-            with torch.no_grad(), lora.adapters_disabled(self.model):
-                ref_logps = [logps_of(reference, rows) for rows in batches]
-        old_logps = [None] * len(batches)
-        # Sums over this rank's tokens (or passes), reduced over ranks at the end.
-        totals = dict.fromkeys(["loss", "clip_low", "clip_high", "kl", "entropy", "grad_norm"], 0.0)
-        for update in range(cfg.updates_per_batch):
-            self.optimizer.zero_grad(set_to_none=True)
-            for i, rows in enumerate(batches):
-                # DDP all-reduces gradients on the last micro-batch only; the others accumulate locally.
-                sync = i == len(batches) - 1 or self.policy is self.model
-                with contextlib.nullcontext() if sync else self.policy.no_sync():
-                    if update == 0:
-                        logps, entropy = logps_of(self.policy, rows, with_entropy=True)
-                        old_logps[i] = logps.detach()
-                        totals["entropy"] += (entropy.detach() * mask[rows]).sum().item()
-                    else:
-                        logps = logps_of(self.policy, rows)
-                    loss, stats = grpo_loss(logps, old_logps[i], advantages[rows], mask[rows], cfg.epsilon_low,
-                                            cfg.epsilon_high, cfg.loss_aggregation, ref_logps[i], cfg.beta, **norm)
-                    # The loss is normalised by global counts, so the batch gradient is the sum over ranks;
-                    # DDP averages, hence the factor.
-                    (loss * distributed.world_size()).backward()
-                tokens = mask[rows].sum().item()
-                totals["loss"] += loss.item()
-                for key in stats:
-                    totals[key] += stats[key] * tokens
-            grad_norm = torch.nn.utils.clip_grad_norm_(self.params, cfg.max_grad_norm).item()
-            check_finite("the loss", totals["loss"])  # before the optimizer (IVON in 3PO) takes the step
-            check_finite("the gradient norm", grad_norm)
-            totals["grad_norm"] += grad_norm
-            if step:
-                self.optimizer.step()
+        if first:
+            old = {"policy": [None] * len(batches), "reference": self.reference_logps(rollouts, batches)}
+        sums = dict.fromkeys(["loss", "clip_low", "clip_high", "kl", "entropy"], 0.0)
+        self.optimizer.zero_grad(set_to_none=True)
+        for i, rows in enumerate(batches):
+            # DDP all-reduces gradients on the last micro-batch only; the others accumulate locally.
+            sync = i == len(batches) - 1 or self.policy is self.model
+            with contextlib.nullcontext() if sync else self.policy.no_sync():
+                logps, entropy = self.logps(self.policy, rollouts, rows, with_entropy=first)
+                if first:
+                    old["policy"][i] = logps.detach()
+                    sums["entropy"] += (entropy.detach() * mask[rows]).sum().item()
+                loss, stats = grpo_loss(logps, old["policy"][i], advantages[rows], mask[rows], cfg.epsilon_low,
+                                        cfg.epsilon_high, cfg.loss_aggregation, old["reference"][i], cfg.beta, **norm)
+                # The loss is normalised by global counts, so the batch gradient is the sum over ranks;
+                # DDP averages, hence the factor.
+                (loss * distributed.world_size()).backward()
+            sums["loss"] += loss.item()
+            for key in stats:
+                sums[key] += stats[key] * mask[rows].sum().item()
         self.model.eval()
+        return sums, old
 
-        local = torch.tensor([totals[k] for k in ("loss", "clip_low", "clip_high", "kl", "entropy")],
-                             dtype=torch.float64)
+    def clip_gradient(self):
+        """Clip p.grad to --max-grad-norm; returns the norm before clipping, which must be finite."""
+        norm = torch.nn.utils.clip_grad_norm_(self.params, self.config.max_grad_norm).item()
+        return check_finite("the gradient norm", norm)
+
+    def normalisers(self, mask):
+        """The whole batch's normalisers of grpo_loss: counted over all ranks."""
+        counts = distributed.all_reduce_sum(torch.tensor([len(mask), mask.sum().item()], dtype=torch.float64))
+        return {"num_sequences": counts[0].item(), "num_tokens": counts[1].item(), "max_len": self.task.max_new_tokens}
+
+    def logps(self, model, rollouts, rows, with_entropy=False):
+        """Log-probs [rows, C] of the completion tokens under `model` (and their entropies, else None)."""
+        out = completion_logprobs(model, rollouts.prompt_ids[rows], rollouts.prompt_mask[rows],
+                                  rollouts.completion_ids[rows], rollouts.completion_mask[rows],
+                                  self.config.temperature, with_entropy=with_entropy, chunk=self.config.micro_batch)
+        return out if with_entropy else (out, None)
+
+    def reference_logps(self, rollouts, batches):
+        """Per micro-batch, the reference policy's log-probs for the KL term (None each when β = 0).
+        On the CPU, bitsandbytes computes in float in train mode and in int8 in eval mode, so these are
+        computed in the policy's mode: equal weights give a KL of exactly 0."""
+        if self.config.beta == 0:
+            return [None] * len(batches)
+        reference = self.model if self.reference is None else self.reference
+        with torch.no_grad(), lora.adapters_disabled(self.model):
+            return [self.logps(reference, rollouts, rows)[0] for rows in batches]
+
+    def gradient_log(self, passes, rollouts):
+        """The log of the update: loss, clipped fractions, KL, entropy and gradient norm, over all ranks,
+        from each pass's sums (policy_gradient's, with the clipped gradient's norm as "grad_norm")."""
+        keys = ("loss", "clip_low", "clip_high", "kl", "entropy")
+        local = torch.tensor([sum(p[k] for p in passes) for k in keys], dtype=torch.float64)
         loss, clip_low, clip_high, kl, entropy = distributed.all_reduce_sum(local).tolist()
-        passes, tokens = cfg.updates_per_batch, norm["num_tokens"]
-        out = {"loss": loss / passes, "entropy": entropy / tokens, "clip_low": clip_low / (passes * tokens),
-               "clip_high": clip_high / (passes * tokens), "grad_norm": totals["grad_norm"] / passes}
-        if cfg.beta > 0:
-            out["kl"] = kl / (passes * tokens)
+        n, tokens = len(passes), self.normalisers(rollouts.completion_mask)["num_tokens"]
+        out = {"loss": loss / n, "entropy": entropy / tokens, "clip_low": clip_low / (n * tokens),
+               "clip_high": clip_high / (n * tokens), "grad_norm": sum(p["grad_norm"] for p in passes) / n}
+        if self.config.beta > 0:
+            out["kl"] = kl / (n * tokens)
         return out
+
+    def log(self, scores, update_log):
+        """A step's log row: the batch's rewards and lengths around the update's log."""
+        rewards, correct = scores.rewards, scores.correct
+        return {"reward_mean": rewards.mean().item(), "reward_std": rewards.std().item(),
+                "accuracy": correct.mean().item(), "malformed": scores.malformed.mean().item(),
+                "zero_std_groups": rewards.eq(rewards[:, :1]).all(1).double().mean().item(),
+                # Per prompt, in order: runs with the same --seed see the same prompts, so this pairs them.
+                "groups_solved": correct.gt(0).any(1).int().tolist(),
+                **update_log, "length_mean": scores.lengths.mean().item(), "length_max": scores.lengths.max().item(),
+                "truncated": scores.truncated.mean().item(), "tokens": int(scores.lengths.sum().item())}
 
     def state_dict(self):
         """The trained weights (the adapters alone under LoRA) and the optimizer state."""

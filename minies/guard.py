@@ -16,9 +16,10 @@ class Diverged(UserError):
 
 
 def check_finite(what, value):
-    """Raise Diverged unless `value` (a float or a tensor) is finite everywhere."""
+    """`value` (a float or a tensor) if it is finite everywhere; else raise Diverged."""
     if not torch.isfinite(torch.as_tensor(value)).all():
         raise Diverged(what)
+    return value
 
 
 def check_finite_weights(model):

@@ -128,23 +128,7 @@ class IVON(torch.optim.Optimizer):
             raise RuntimeError("IVON.sampled_params cannot be nested")
         if generator is None and seed is not None:
             generator = torch.Generator(device=self.generator.device).manual_seed(seed)
-        generator = generator if generator is not None else self.generator
-        backups, perturbations = [], []
-        with torch.no_grad():
-            for group in self.param_groups:
-                params = group["params"]
-                # One flat draw per group: the same stream whatever the parameter shapes.
-                u = torch.randn(sum(p.numel() for p in params), generator=generator,
-                                device=generator.device, dtype=torch.float32)
-                for p, u_p in zip(params, u.split([p.numel() for p in params])):
-                    state = self._state(p, group)
-                    d = self._std(state, group) * u_p.view_as(p).to(p.device)
-                    # Restore by copying a saved copy back: θ̂ − d would not give θ bit for bit.
-                    backups.append(p.detach().clone())
-                    perturbations.append(d)
-                    p.copy_(self._mean(p, state) + d)
-                    if train:
-                        p.grad = None
+        backups, perturbations = self._perturb(generator if generator is not None else self.generator, train)
         self._sampling = True
         try:
             yield
@@ -156,6 +140,26 @@ class IVON(torch.optim.Optimizer):
                 params = [p for g in self.param_groups for p in g["params"]]
                 for p, backup in zip(params, backups):
                     p.copy_(backup)
+
+    @torch.no_grad()
+    def _perturb(self, generator, train):
+        """Write θ̂ = θ + d into the parameters; returns their values before (to restore) and the d's."""
+        backups, perturbations = [], []
+        for group in self.param_groups:
+            params = group["params"]
+            # One flat draw per group: the same stream whatever the parameter shapes.
+            u = torch.randn(sum(p.numel() for p in params), generator=generator,
+                            device=generator.device, dtype=torch.float32)
+            for p, u_p in zip(params, u.split([p.numel() for p in params])):
+                state = self._state(p, group)
+                d = self._std(state, group) * u_p.view_as(p).to(p.device)
+                # Restore by copying a saved copy back: θ̂ − d would not give θ bit for bit.
+                backups.append(p.detach().clone())
+                perturbations.append(d)
+                p.copy_(self._mean(p, state) + d)
+                if train:
+                    p.grad = None
+        return backups, perturbations
 
     @torch.no_grad()
     def _accumulate(self, perturbations):

@@ -10,14 +10,15 @@ Around that point the model is learning fast (it is "getting" the carry), which 
 small push from RL shows. The evaluation is seeded, so the stopping step is deterministic too.
 """
 import argparse
-import os
 import string
 import time
+from dataclasses import dataclass
 
 import torch
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
 
+from minies.config import add_arguments, from_args, option
 from minies.evaluate import evaluate
 from minies.models import SHIPPED_MODEL
 from minies.rollout import format_prompts
@@ -74,56 +75,73 @@ def sft_batch(tok, task, problems):
     return ids, (ids != tok.pad_token_id).long(), lab
 
 
+@dataclass
+class TinyConfig:
+    out: str = option(SHIPPED_MODEL, "output directory (the shipped model's)")
+    seed: int = option(0, "seed for weights and data")
+    hidden: int = option(128, "hidden size")
+    layers: int = option(4, "number of decoder layers")
+    steps: int = option(600, "at most this many SFT steps")
+    stop_at_pass1: float = option(0.2, "stop once held-out pass@1 (T=1, 200 problems x 8 samples) reaches this "
+                                  "(0: never)")
+    batch: int = option(128, "sequences per SFT step")
+    lr: float = option(2e-3, "AdamW learning rate (after a linear warmup)")
+    eval_every: int = option(25, "evaluate on 200 test problems every k steps")
+
+
+def sft(model, tok, task, problems, batch, lr, warmup=1, after_step=None):
+    """Supervised training on the reference solutions of `problems`, `batch` at a time, with AdamW whose
+    lr rises linearly over `warmup` steps and then stays constant. after_step(step, loss), if given, is
+    called after every step; when it returns True training stops there. Leaves the model in eval mode."""
+    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.01)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min((s + 1) / warmup, 1.0))
+    model.train()
+    for step in range(len(problems) // batch):
+        ids, mask, labels = sft_batch(tok, task, problems[step * batch:(step + 1) * batch])
+        loss = model(input_ids=ids, attention_mask=mask, labels=labels).loss
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        sched.step()
+        if after_step is not None and after_step(step, loss.item()):
+            break
+    model.eval()
+
+
+def save(model, tok, out):
+    model.generation_config.top_k = None  # sample from the full distribution by default
+    model.save_pretrained(out)
+    tok.save_pretrained(out)
+
+
 def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--out", default=SHIPPED_MODEL, help="output directory (default: the shipped model's)")
-    ap.add_argument("--seed", type=int, default=0, help="seed for weights and data")
-    ap.add_argument("--hidden", type=int, default=128, help="hidden size")
-    ap.add_argument("--layers", type=int, default=4, help="number of decoder layers")
-    ap.add_argument("--steps", type=int, default=600, help="at most this many SFT steps")
-    ap.add_argument("--stop-at-pass1", type=float, default=0.2,
-                    help="stop once held-out pass@1 (T=1, 200 problems x 8 samples) reaches this (0: never)")
-    ap.add_argument("--batch", type=int, default=128, help="sequences per SFT step")
-    ap.add_argument("--lr", type=float, default=2e-3, help="AdamW learning rate (after a linear warmup)")
-    ap.add_argument("--eval-every", type=int, default=25, help="evaluate on 200 test problems every k steps")
-    args = ap.parse_args(argv)
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_arguments(parser, TinyConfig)
+    args = from_args(TinyConfig, parser.parse_args(argv))
 
     start = time.time()
     task = Arithmetic()
     tok = build_tokenizer()
     model = build_model(tok, args.hidden, args.layers, args.seed)
     print(f"{sum(p.numel() for p in model.parameters()) / 1e6:.2f}M parameters")
-    problems = task.train_problems(args.steps * args.batch, seed=args.seed)
-    opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.01)
-    # Constant after warmup, no decay: the run is stopped mid-way on purpose, while the model is still
-    # improving fast, so that RL starts from a model that is close to getting many answers right.
-    warmup = max(1, args.steps // 20)
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min((s + 1) / warmup, 1.0))
 
-    def report(step):
+    def report(step, loss):
+        if step % 50 == 0:
+            print(f"step {step} loss {loss:.4f}", flush=True)
+        if (step + 1) % args.eval_every:
+            return False
         model.eval()
         m = evaluate(model, tok, task, task.test_problems()[:200], n=8, ks=(1, 8))
         model.train()
-        print(f"step {step}: " + " ".join(f"{k} {v:.3f}" for k, v in m.items() if isinstance(v, float)),
+        print(f"step {step + 1}: " + " ".join(f"{k} {v:.3f}" for k, v in m.items() if isinstance(v, float)),
               f"({time.time() - start:.0f}s)", flush=True)
-        return m["pass@1"]
+        return m["pass@1"] >= args.stop_at_pass1 > 0
 
-    model.train()
-    for step in range(args.steps):
-        ids, mask, labels = sft_batch(tok, task, problems[step * args.batch:(step + 1) * args.batch])
-        loss = model(input_ids=ids, attention_mask=mask, labels=labels).loss
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        sched.step()
-        if step % 50 == 0:
-            print(f"step {step} loss {loss.item():.4f}", flush=True)
-        if (step + 1) % args.eval_every == 0 and report(step + 1) >= args.stop_at_pass1 > 0:
-            break
-    model.eval()
-    model.generation_config.top_k = None  # sample from the full distribution by default
-    model.save_pretrained(args.out)
-    tok.save_pretrained(args.out)
+    # Constant after warmup, no decay: the run is stopped mid-way on purpose, while the model is still
+    # improving fast, so that RL starts from a model that is close to getting many answers right.
+    sft(model, tok, task, task.train_problems(args.steps * args.batch, seed=args.seed), args.batch, args.lr,
+        warmup=max(1, args.steps // 20), after_step=report)
+    save(model, tok, args.out)
     print(f"saved to {args.out} in {time.time() - start:.0f}s")
 
 

@@ -33,6 +33,12 @@ class Rollouts:
         """True for rows that hit max_new_tokens without emitting EOS."""
         return ~(self.completion_ids.eq(eos_id) & self.completion_mask.bool()).any(-1)
 
+    def select(self, rows):
+        """The rollouts at `rows` (indices), in that order."""
+        rows = torch.as_tensor(rows)
+        return Rollouts(self.prompt_ids[rows], self.prompt_mask[rows], self.completion_ids[rows],
+                        self.completion_mask[rows], [self.texts[i] for i in rows.tolist()])
+
 
 def format_prompts(tokenizer, questions, chat_template=True):
     """Prompt strings: the chat template with a generation prompt when the tokenizer has one."""
@@ -74,25 +80,31 @@ def generate(model, tokenizer, prompts, max_new_tokens=16, temperature=1.0, top_
         for start in range(0, len(prompts), micro_batch):
             enc = tokenizer(prompts[start:start + micro_batch], return_tensors="pt", padding=True,
                             add_special_tokens=False).to(device)
-            out = model.generate(**enc, generation_config=config)
-            parts.append((enc["input_ids"], enc["attention_mask"], out[:, enc["input_ids"].shape[1]:]))
-    # Micro-batches can differ in prompt and completion width: pad them to a common shape.
-    width_p = max(p.shape[1] for p, _, _ in parts)
-    width_c = max(max(c.shape[1] for _, _, c in parts), 1)
-    pad = tokenizer.pad_token_id
-    prompt_ids = torch.cat([_pad_left(p, width_p, pad) for p, _, _ in parts])
-    prompt_mask = torch.cat([_pad_left(m, width_p, 0) for _, m, _ in parts])
-    completion_ids = torch.cat([_pad_right(c, width_c, pad) for _, _, c in parts])
-    mask = completion_mask(completion_ids, eos_id)
-    texts = tokenizer.batch_decode(completion_ids.masked_fill(mask == 0, pad), skip_special_tokens=True)
-    return Rollouts(prompt_ids, prompt_mask, completion_ids, mask, texts)
+            completions = model.generate(**enc, generation_config=config)[:, enc["input_ids"].shape[1]:]
+            mask = completion_mask(completions, eos_id)
+            texts = tokenizer.batch_decode(completions.masked_fill(mask == 0, tokenizer.pad_token_id),
+                                           skip_special_tokens=True)
+            parts.append(Rollouts(enc["input_ids"], enc["attention_mask"], completions, mask, texts))
+    return concat_rollouts(parts, tokenizer.pad_token_id)
 
 
-def _pad_left(x, width, value):
+def concat_rollouts(parts, pad_id):
+    """One Rollouts from several (micro-batches can differ in prompt and completion width), padded to
+    common widths the way generate pads: prompts on the left, completions on the right."""
+    width_p = max(r.prompt_ids.shape[1] for r in parts)
+    width_c = max(max(r.completion_ids.shape[1] for r in parts), 1)
+    return Rollouts(torch.cat([pad_left(r.prompt_ids, width_p, pad_id) for r in parts]),
+                    torch.cat([pad_left(r.prompt_mask, width_p, 0) for r in parts]),
+                    torch.cat([pad_right(r.completion_ids, width_c, pad_id) for r in parts]),
+                    torch.cat([pad_right(r.completion_mask, width_c, 0) for r in parts]),
+                    [t for r in parts for t in r.texts])
+
+
+def pad_left(x, width, value):
     return torch.nn.functional.pad(x, (width - x.shape[1], 0), value=value)
 
 
-def _pad_right(x, width, value):
+def pad_right(x, width, value):
     return torch.nn.functional.pad(x, (0, width - x.shape[1]), value=value)
 
 

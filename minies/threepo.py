@@ -1,4 +1,4 @@
-"""3PO, Perturbed Parameter Policy Optimization (Venkatkrishna, Daheim, Gurevych et al.; PAPERS.md 1B).
+"""3PO, Perturbed Parameter Policy Optimization (Venkatkrishna, Daheim, Gurevych et al.; docs/papers.md 1B).
 
 GRPO explores only through token sampling, and temperature only rescales the logits. 3PO also explores
 in weight space: IVON (minies/ivon.py) keeps a posterior N(θ, diag(σ²)) over the trained weights,
@@ -46,16 +46,7 @@ means stay identical without being communicated.
 
 With --load-in-8bit, GRPO's LoRA adapters are the trained parameters: IVON's posterior is over them.
 
-Defaults: the paper's IVON values (λ 1e9, h0 1e-3, β1 0.9, β2 0.9999, δ 1e-6), which give σ ≈ 1e-3
-(the weights here are ~0.03), but not its lr and clip_radius. With rescale_lr and h ≈ h0 the step is
-lr·m̂, SGD with momentum, clipped per weight at lr·(h0+δ)·clip_radius. The paper clips at 1e-3, i.e. for
-almost every weight, which makes the step a sign-descent one of 1·1e-3·1e-3 = 1e-6 per weight, its
-GRPO's AdamW lr. minies keeps that bound at GRPO's lr here (1·1e-3·0.1 = 1e-4), but with lr = 1 only
-the 10-30% of weights with the largest momenta reach it; weights with a weak, noisy gradient move
-less, as under Adam. On the tiny model the sign-descent setting (lr 100, clip 1e-3) learned half as
-fast and let pass@16 collapse (83% -> 55-72%); σ = 3e-3 cost rollout accuracy and learned more slowly.
-With β2 = 0.9999, h (and so σ) moves little in a run of a few hundred steps, and at σ = 1e-3 C3PO's
-importance weights stay close to 1 (|log w| ≈ 0.05; about 0.05% of rollouts dropped).
+Why these defaults: docs/tuning.md.
 """
 from dataclasses import dataclass
 
@@ -66,7 +57,7 @@ from minies import UserError, distributed
 from minies.config import option
 from minies.grpo import GRPO, GRPOConfig
 from minies.ivon import IVON
-from minies.rollout import Rollouts, completion_logprobs
+from minies.rollout import concat_rollouts, pad_right
 
 
 @dataclass
@@ -77,7 +68,7 @@ class ThreePOConfig(GRPOConfig):
     optim: str = option("ivon", "optimizer: 3PO trains with IVON", choices=["ivon"])
     updates_per_batch: int = option(1, "optimizer steps per batch: 3PO takes one IVON step", choices=[1],
                                     check="positive")
-    # IVON (PAPERS.md section 4). The paper's values, except lr and clip_radius: see the module docstring.
+    # IVON (docs/papers.md). The paper's values, except lr and clip_radius: see docs/tuning.md.
     ess: float = option(1e9, "IVON effective sample size λ: larger means a narrower posterior", check="positive")
     hess_init: float = option(1e-3, "IVON initial Hessian h0; the posterior std starts at 1/sqrt(ess·h0) = 1e-3",
                               check="positive")
@@ -124,35 +115,10 @@ def sequence_weights(logps, behaviour_logps, mask, truncate=2.0, keep_min=0.5, k
     return torch.where(kept, ratio.clamp(max=truncate), torch.zeros_like(ratio)), log_ratio
 
 
-@dataclass
-class ChunkedRollouts(Rollouts):
-    chunk: torch.Tensor  # [B] the weight sample (chunk) each rollout was generated at
-    behaviour_logps: torch.Tensor  # [B, C] log-probs of the completion tokens under that sample
-
-
-def concat_rollouts(parts, pad_id):
-    """One Rollouts from several generate calls, padded to common widths the way generate pads:
-    prompts on the left, completions on the right."""
-    width_p = max(r.prompt_ids.shape[1] for r in parts)
-    width_c = max(r.completion_ids.shape[1] for r in parts)
-
-    def left(x, value):
-        return torch.nn.functional.pad(x, (width_p - x.shape[1], 0), value=value)
-
-    def right(x, value):
-        return torch.nn.functional.pad(x, (0, width_c - x.shape[1]), value=value)
-
-    return Rollouts(torch.cat([left(r.prompt_ids, pad_id) for r in parts]),
-                    torch.cat([left(r.prompt_mask, 0) for r in parts]),
-                    torch.cat([right(r.completion_ids, pad_id) for r in parts]),
-                    torch.cat([right(r.completion_mask, 0) for r in parts]),
-                    [t for r in parts for t in r.texts])
-
-
 class ThreePO(GRPO):
     """What the three variants share: IVON over GRPO's trained parameters (all weights, or the LoRA
-    adapters), and GRPO's update reduced to its gradient, since IVON steps only after the gradient at
-    a weight sample has been collected (on leaving `sampled_params`)."""
+    adapters), and GRPO's update reduced to its gradient, since IVON steps only after the gradients at
+    the step's weight samples have been collected (on leaving `sampled_params`)."""
 
     def __init__(self, model, tokenizer, task, config, chat_template=True):
         super().__init__(model, tokenizer, task, config, chat_template)
@@ -162,36 +128,38 @@ class ThreePO(GRPO):
                               beta2=c.beta2, weight_decay=c.weight_decay, clip_radius=c.clip_radius,
                               rescale_lr=c.rescale_lr)
 
-    def update(self, rollouts, advantages):
-        return super().update(rollouts, advantages, step=False)
+    def gradient(self, rollouts, advantages):
+        """ĝ: GRPO's clipped policy gradient at the weights in place (one pass, so its token ratio is 1),
+        left in p.grad for IVON to collect when the weight sample is put back; returns its log."""
+        sums, _ = self.policy_gradient(rollouts, advantages)
+        sums["grad_norm"] = self.clip_gradient()
+        return self.gradient_log([sums], rollouts)
 
     def posterior_stats(self):
         return {"sigma_mean": self.optimizer.mean_std(), "hess_mean": self.optimizer.mean_hess()}
 
 
 class B3PO(ThreePO):
-    """One weight sample per step: rollouts and gradient both at θ̂. (M3PO is this with M samples.)"""
+    """One weight sample per step: rollouts and gradient both at θ̂."""
 
     samples = 1
     default_steps = 200  # about as long as GRPO's: one generation and one backward per step
 
     def step(self, problems, seed):
-        parts = []
-        for m, weight_seed in enumerate(weight_seeds(seed, self.samples)):
-            # GRPO's whole step at θ̂_m: rollouts, rewards, advantages within this sample's groups, and
-            # (through update above) the gradient, which IVON collects when the sample is put back.
-            with self.optimizer.sampled_params(train=True, seed=weight_seed):
-                parts.append(super().step(problems, seed * self.samples + m))
+        (weight_seed,) = weight_seeds(seed, 1)
+        with self.optimizer.sampled_params(train=True, seed=weight_seed):  # θ̂ ~ q, in place of θ
+            rollouts, scores = self.sample(problems, seed)  # G rollouts per prompt at θ̂
+            advantages = self.advantages(scores.rewards)  # A within each group
+            log = self.log(scores, self.gradient(rollouts, advantages))  # ĝ = ∇L_GRPO(θ̂)
+        # Leaving the block put θ back and gave IVON ĝ and ĝ⊙d/σ²: its step on θ and its Hessian estimate.
         self.optimizer.step()
-        # The log averages the samples' statistics; the token count is their total, and a prompt counts as
-        # solved when any sample's group solved it.
-        stats = {key: float(np.mean([p[key] for p in parts])) for key in parts[0] if key != "groups_solved"}
-        stats["tokens"] = sum(p["tokens"] for p in parts)
-        stats["groups_solved"] = [max(solved) for solved in zip(*(p["groups_solved"] for p in parts))]
-        return {**stats, **self.posterior_stats()}
+        return {**log, **self.posterior_stats()}
 
 
-class M3PO(B3PO):
+class M3PO(ThreePO):
+    """M weight samples per step, each with its own rollouts for the same prompts; one IVON step on the
+    average of their gradients."""
+
     default_steps = 200  # M = 2: twice B3PO's time per step
 
     def __init__(self, model, tokenizer, task, config, chat_template=True):
@@ -199,6 +167,26 @@ class M3PO(B3PO):
             raise UserError(f"--samples {config.samples}: need at least one weight sample")
         super().__init__(model, tokenizer, task, config, chat_template)
         self.samples = config.samples
+
+    def step(self, problems, seed):
+        logs = []
+        for m, weight_seed in enumerate(weight_seeds(seed, self.samples)):
+            with self.optimizer.sampled_params(train=True, seed=weight_seed):  # θ̂_m ~ q; p.grad starts at 0
+                rollouts, scores = self.sample(problems, seed * self.samples + m)  # G rollouts per prompt at θ̂_m
+                advantages = self.advantages(scores.rewards)  # A within this sample's groups
+                logs.append(self.log(scores, self.gradient(rollouts, advantages)))  # ĝ_m = ∇L_GRPO(θ̂_m)
+            # On leaving the block IVON adds ĝ_m and ĝ_m⊙d_m/σ² to the step's averages and puts θ back.
+        self.optimizer.step()  # one IVON step with ĝ = (1/M)·Σ_m ĝ_m and f = (1/M)·Σ_m ĝ_m⊙d_m/σ²
+        return {**average_logs(logs), **self.posterior_stats()}
+
+
+def average_logs(logs):
+    """One log row for several samples' rows: the mean of each statistic, the total token count, and a
+    prompt counts as solved when any sample's group solved it."""
+    out = {key: float(np.mean([log[key] for log in logs])) for key in logs[0] if key != "groups_solved"}
+    out["tokens"] = sum(log["tokens"] for log in logs)
+    out["groups_solved"] = [max(solved) for solved in zip(*(log["groups_solved"] for log in logs))]
+    return out
 
 
 class C3PO(ThreePO):
@@ -210,46 +198,46 @@ class C3PO(ThreePO):
         if config.chunks < 1 or config.group_size % config.chunks:
             raise UserError(f"--chunks {config.chunks}: must be >= 1 and divide --group-size {config.group_size}")
         super().__init__(model, tokenizer, task, config, chat_template)
-        self.seeds = None  # this step's N chunk samples and the fresh one, last
 
     def step(self, problems, seed):
-        self.seeds = weight_seeds(seed, self.config.chunks + 1)
-        stats = super().step(problems, seed)  # GRPO's step, through sample and update below
-        self.optimizer.step()
-        return {**stats, **self.posterior_stats()}
+        cfg = self.config
+        *chunk_seeds, fresh_seed = weight_seeds(seed, cfg.chunks + 1)
+        # The G rollouts of each prompt come in N chunks, chunk n generated at θ̂_n ~ q.
+        rank_seed = seed * distributed.world_size() + distributed.rank()
+        rollouts, _, behaviour_logps = self.sample_chunks(self.prompts(problems), rank_seed, chunk_seeds)
+        scores = self.score(problems, rollouts)
+        advantages = self.advantages(scores.rewards)  # A over each whole pooled group of G
+        with self.optimizer.sampled_params(train=True, seed=fresh_seed):  # a fresh θ̂_0 ~ q
+            # w_i = exp(Σ_t [log π_θ̂0(y_it) − log π_θ̂n(y_it)]), 0 outside [keep_min, keep_max], truncated
+            weights, log_ratio = sequence_weights(self.token_logps(rollouts), behaviour_logps,
+                                                  rollouts.completion_mask.float(), cfg.ratio_truncate,
+                                                  cfg.ratio_keep_min, cfg.ratio_keep_max)
+            update_log = self.gradient(rollouts, advantages * weights)  # ĝ = ∇L_GRPO(θ̂_0) with w_i·A_i
+        self.optimizer.step()  # IVON, as in B3PO
+        kept, count, abs_log = distributed.all_reduce_sum(torch.tensor(
+            [weights.gt(0).sum().item(), len(weights), log_ratio.abs().sum().item()], dtype=torch.float64)).tolist()
+        update_log.update(ratio_kept=kept / count, log_ratio_abs=abs_log / count)
+        return {**self.log(scores, update_log), **self.posterior_stats()}
 
-    def logps(self, rollouts):
-        with torch.no_grad():
-            return completion_logprobs(self.model, rollouts.prompt_ids, rollouts.prompt_mask, rollouts.completion_ids,
-                                       rollouts.completion_mask, self.config.temperature, chunk=self.config.micro_batch)
-
-    def sample(self, prompts, seed):
-        """The rollouts of GRPO's prompt list (each group's G copies side by side), chunk n of every
-        group generated at weight sample θ̂_n, back in the list's order, with their chunk and their
-        behaviour log-probs."""
+    def sample_chunks(self, prompts, seed, chunk_seeds):
+        """Rollouts of `prompts` (each group's G copies side by side) whose chunk n, completions
+        n·G/N .. (n+1)·G/N − 1 of every group, is generated at the weight sample of chunk_seeds[n].
+        Returns them in the prompts' order with each one's chunk [B] and behaviour log-probs [B, C]
+        (under its own sample, computed right after its chunk is generated)."""
         G, N = self.config.group_size, self.config.chunks
         chunk = torch.arange(len(prompts)) % G // (G // N)
         rows, parts, behaviour = [], [], []
         for n in range(N):
             rows.append(chunk.eq(n).nonzero().flatten())
-            with self.optimizer.sampled_params(train=False, seed=self.seeds[n]):
-                parts.append(super().sample([prompts[i] for i in rows[-1]], seed * N + n))
-                behaviour.append(self.logps(parts[-1]))
+            with self.optimizer.sampled_params(train=False, seed=chunk_seeds[n]):
+                parts.append(self.generate([prompts[i] for i in rows[-1]], seed * N + n))
+                behaviour.append(self.token_logps(parts[-1]))
         joined = concat_rollouts(parts, self.tokenizer.pad_token_id)
-        width = joined.completion_ids.shape[1]
-        behaviour = torch.cat([torch.nn.functional.pad(b, (0, width - b.shape[1])) for b in behaviour])
+        behaviour = torch.cat([pad_right(b, joined.completion_ids.shape[1], 0.0) for b in behaviour])
         order = torch.cat(rows).argsort()  # row j of the joined rollouts is prompt torch.cat(rows)[j]
-        return ChunkedRollouts(joined.prompt_ids[order], joined.prompt_mask[order], joined.completion_ids[order],
-                               joined.completion_mask[order], [joined.texts[i] for i in order.tolist()],
-                               chunk, behaviour[order])
+        return joined.select(order), chunk, behaviour[order]
 
-    def update(self, rollouts, advantages):
-        cfg = self.config
-        with self.optimizer.sampled_params(train=True, seed=self.seeds[-1]):  # the fresh sample θ̂_0
-            mask = rollouts.completion_mask.float()
-            weights, log_ratio = sequence_weights(self.logps(rollouts), rollouts.behaviour_logps, mask,
-                                                  cfg.ratio_truncate, cfg.ratio_keep_min, cfg.ratio_keep_max)
-            stats = super().update(rollouts, advantages * weights)
-        kept, count, abs_log = distributed.all_reduce_sum(torch.tensor(
-            [weights.gt(0).sum().item(), len(weights), log_ratio.abs().sum().item()], dtype=torch.float64)).tolist()
-        return {**stats, "ratio_kept": kept / count, "log_ratio_abs": abs_log / count}
+    def token_logps(self, rollouts):
+        """Log-probs [B, C] of the completion tokens under the weights in place, without grad."""
+        with torch.no_grad():
+            return self.logps(self.model, rollouts, slice(None))[0]

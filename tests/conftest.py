@@ -9,6 +9,10 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
+
+from minies.rollout import completion_logprobs
+from minies.tasks import Arithmetic, Score
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -28,27 +32,13 @@ def build_throwaway_model(out, steps=30, batch=32, seed=0):
     """A 2-layer version of the shipped model, warm-started for a few steps with make_tiny's own
     tokenizer, architecture and SFT batches: enough to emit the answer format and EOS. (make_tiny.main
     would also evaluate 3,200 samples at the end, which costs minutes on two cores.)"""
-    import torch
-
     from minies import make_tiny
-    from minies.tasks import Arithmetic
 
     task = Arithmetic()
     tok = make_tiny.build_tokenizer()
     model = make_tiny.build_model(tok, hidden=64, layers=2, seed=seed)
-    problems = task.train_problems(steps * batch, seed=seed + 1)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
-    model.train()
-    for s in range(steps):
-        ids, mask, labels = make_tiny.sft_batch(tok, task, problems[s * batch:(s + 1) * batch])
-        loss = model(input_ids=ids, attention_mask=mask, labels=labels).loss
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-    model.eval()
-    model.generation_config.top_k = None
-    model.save_pretrained(out)
-    tok.save_pretrained(out)
+    make_tiny.sft(model, tok, task, task.train_problems(steps * batch, seed=seed + 1), batch, lr=1e-2)
+    make_tiny.save(model, tok, out)
     return str(out)
 
 
@@ -111,6 +101,25 @@ def task():
     from minies.tasks import Arithmetic
 
     return Arithmetic()
+
+
+class DenseArithmetic(Arithmetic):
+    """Arithmetic plus a reward per character: groups almost never tie, so every step changes the
+    policy, however weak the test model."""
+
+    def score(self, completion, problem):
+        s = super().score(completion, problem)
+        return Score(s.reward + len(completion) / 10, s.correct, s.malformed)
+
+
+def logps(model, r):
+    """Log-probs [B, C] of the rollouts' completion tokens under `model` (with grad when it is enabled)."""
+    return completion_logprobs(model, r.prompt_ids, r.prompt_mask, r.completion_ids, r.completion_mask)
+
+
+def no_grad_logps(model, r):
+    with torch.no_grad():
+        return logps(model, r)
 
 
 def script_env():

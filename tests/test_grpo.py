@@ -8,21 +8,14 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from conftest import DenseArithmetic, logps
 from minies.grpo import GRPO, GRPOConfig, group_advantages, grpo_loss
 from minies.models import load_model, load_tokenizer
-from minies.rollout import Rollouts, completion_logprobs, format_prompts, generate
-from minies.tasks import Arithmetic, Score
+from minies.rollout import Rollouts, format_prompts, generate
+from minies.tasks import Arithmetic
 
 SMALL = {"prompts": 4, "group_size": 4, "micro_batch": 8}
 
-
-class DenseArithmetic(Arithmetic):
-    """Arithmetic plus a reward per character: groups almost never tie, so every step changes the
-    policy, however weak the test model."""
-
-    def score(self, completion, problem):
-        s = super().score(completion, problem)
-        return Score(s.reward + len(completion) / 10, s.correct, s.malformed)
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # from conftest.py
 
@@ -44,10 +37,6 @@ def sample(algo, prompts=4, seed=0):
 def rows(rollouts, index):
     return Rollouts(rollouts.prompt_ids[index], rollouts.prompt_mask[index], rollouts.completion_ids[index],
                     rollouts.completion_mask[index], [rollouts.texts[i] for i in index])
-
-
-def logps(model, r):
-    return completion_logprobs(model, r.prompt_ids, r.prompt_mask, r.completion_ids, r.completion_mask)
 
 
 def trainable(algo):

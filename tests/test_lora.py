@@ -3,21 +3,13 @@ checkpoint loads as an ordinary float model that computes what the adapted model
 import pytest
 import torch
 
+from conftest import DenseArithmetic
 from minies import UserError, lora
 from minies.grpo import GRPO, GRPOConfig
 from minies.models import load_model, load_tokenizer
-from minies.tasks import Arithmetic, Score
+from minies.tasks import Arithmetic
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # from conftest.py
-
-
-class DenseArithmetic(Arithmetic):
-    """Arithmetic plus a reward per character: groups almost never tie, so every step changes the
-    policy, however weak the test model."""
-
-    def score(self, completion, problem):
-        s = super().score(completion, problem)
-        return Score(s.reward + len(completion) / 10, s.correct, s.malformed)
 
 
 def trained_grpo(model_dir, load_in_8bit):

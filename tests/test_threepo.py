@@ -10,9 +10,10 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from conftest import finish, start_script
+from conftest import no_grad_logps as logps
 from minies.grpo import GRPO, group_advantages
 from minies.models import load_model, load_tokenizer
-from minies.rollout import completion_logprobs, format_prompts, generate
+from minies.rollout import format_prompts, generate
 from minies.tasks import Arithmetic, Score
 from minies.threepo import (B3PO, C3PO, M3PO, C3POConfig, M3POConfig, ThreePOConfig, sequence_weights,
                             weight_seeds)
@@ -30,13 +31,12 @@ def make(model_dir, name, task=None, **overrides):
     return cls(load_model(model_dir, device="cpu"), load_tokenizer(model_dir), task or Arithmetic(test_size=20), config)
 
 
+# policy_gradient's sums when a stub replaces it: nothing to log.
+NO_SUMS = dict.fromkeys(["loss", "clip_low", "clip_high", "kl", "entropy"], 0.0)
+
+
 def weights(algo):
     return [p.detach().clone() for p in algo.params]
-
-
-def logps(model, r):
-    with torch.no_grad():
-        return completion_logprobs(model, r.prompt_ids, r.prompt_mask, r.completion_ids, r.completion_mask)
 
 
 class VariedTask(Arithmetic):
@@ -86,13 +86,14 @@ def test_m3po_step_averages_the_samples_gradients(tiny_model_dir, monkeypatch):
     theta = weights(algo)
     sampled = []
 
-    def stub_update(self, rollouts, advantages, step=True):
+    def stub_gradient(self, rollouts, advantages, old=None):
         sampled.append(weights(self))
         for p, mean in zip(self.params, theta):
             p.grad = p.detach() - mean if p.grad is None else p.grad + (p.detach() - mean)
-        return {}
+        return NO_SUMS.copy(), old
 
-    monkeypatch.setattr(GRPO, "update", stub_update)
+    monkeypatch.setattr(GRPO, "policy_gradient", stub_gradient)
+    monkeypatch.setattr(GRPO, "clip_gradient", lambda self: 0.0)  # the stub gradient is kept as it is
     algo.step(algo.task.train_problems(2, seed=0), 0)
     assert len(sampled) == 3 and not torch.equal(sampled[0][0], sampled[1][0])
     cfg, opt = algo.config, algo.optimizer
@@ -111,41 +112,44 @@ def test_c3po_chunks_and_pooled_advantages(tiny_model_dir, monkeypatch):
     G, N = 4, 2
     problems = algo.task.train_problems(2, seed=3)
     prompts = format_prompts(algo.tokenizer, [p.question for p in problems for _ in range(G)])
-    algo.seeds = weight_seeds(3, N + 1)
+    seeds = weight_seeds(3, N + 1)
     before = weights(algo)
-    r = algo.sample(prompts, 7)
+    r, chunk, behaviour_logps = algo.sample_chunks(prompts, 7, seeds[:N])
     assert all(torch.equal(a, b) for a, b in zip(before, weights(algo)))
-    assert r.chunk.tolist() == [0, 0, 1, 1, 0, 0, 1, 1]
+    assert chunk.tolist() == [0, 0, 1, 1, 0, 0, 1, 1]
     # Chunk n is exactly what generating those rows at weight sample n gives, and its behaviour
     # log-probs are that sample's (not the other's).
     for n in range(N):
-        rows = r.chunk.eq(n).nonzero().flatten().tolist()
-        with algo.optimizer.sampled_params(train=False, seed=algo.seeds[n]):
+        rows = chunk.eq(n).nonzero().flatten().tolist()
+        with algo.optimizer.sampled_params(train=False, seed=seeds[n]):
             alone = generate(algo.model, algo.tokenizer, [prompts[i] for i in rows], algo.task.max_new_tokens,
                              seed=7 * N + n)
             here = logps(algo.model, alone)
-        with algo.optimizer.sampled_params(train=False, seed=algo.seeds[1 - n]):
+        with algo.optimizer.sampled_params(train=False, seed=seeds[1 - n]):
             there = logps(algo.model, alone)
         assert [r.texts[i] for i in rows] == alone.texts
         width = alone.completion_ids.shape[1]
         mask = alone.completion_mask.bool()
-        torch.testing.assert_close(r.behaviour_logps[rows][:, :width][mask], here[mask])
+        torch.testing.assert_close(behaviour_logps[rows][:, :width][mask], here[mask])
         assert not torch.allclose(there[mask], here[mask])
         assert torch.all(r.completion_mask[rows][:, width:] == 0)
 
-    # One step: the advantages reaching GRPO's update are pooled over each group's G rollouts (both
-    # chunks), times the importance weights of the fresh sample against each rollout's own sample.
+    # One step: the advantages reaching GRPO's policy gradient are pooled over each group's G rollouts
+    # (both chunks), times the importance weights of the fresh sample against each rollout's own sample.
     seen = {}
 
-    def stub_update(self, rollouts, advantages, step=True):
+    def stub_gradient(self, rollouts, advantages, old=None):
         seen.update(rollouts=rollouts, advantages=advantages.clone(), fresh=logps(self.model, rollouts))
-        return {}
+        return NO_SUMS.copy(), old
 
-    monkeypatch.setattr(GRPO, "update", stub_update)
+    monkeypatch.setattr(GRPO, "policy_gradient", stub_gradient)
+    sample_chunks = algo.sample_chunks
+    algo.sample_chunks = lambda *args: seen.setdefault("chunks", sample_chunks(*args))
     stats = algo.step(problems, 3)
     ro = seen["rollouts"]
+    assert ro is seen["chunks"][0]
     rewards = torch.tensor([algo.task.score(t, None).reward for t in ro.texts]).view(2, G)
-    w, _ = sequence_weights(seen["fresh"], ro.behaviour_logps, ro.completion_mask.float())
+    w, _ = sequence_weights(seen["fresh"], seen["chunks"][2], ro.completion_mask.float())
     torch.testing.assert_close(seen["advantages"], group_advantages(rewards).flatten() * w)
     per_chunk = group_advantages(rewards.view(2 * N, G // N)).flatten()
     assert not torch.allclose(group_advantages(rewards).flatten(), per_chunk)
@@ -156,10 +160,11 @@ def _worker(rank, model_dir, tmp):
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"file://{tmp}/rendezvous", rank=rank, world_size=2)
     algo = make(model_dir, "c3po", prompts=4)
-    seeds = []
+    seeds = []  # the seed of every weight sample drawn, in order
+    sampled_params = algo.optimizer.sampled_params
+    algo.optimizer.sampled_params = lambda **kwargs: seeds.append(kwargs["seed"]) or sampled_params(**kwargs)
     for s in range(2):
         algo.step(algo.task.train_problems(4, seed=s), s)
-        seeds.append(algo.seeds)
     torch.save({"weights": weights(algo), "seeds": seeds}, f"{tmp}/rank{rank}.pt")
     dist.destroy_process_group()
 

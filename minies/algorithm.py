@@ -1,0 +1,35 @@
+"""What train.py needs from a training algorithm, written down once.
+
+ES (minies/es.py), GRPO (minies/grpo.py) and the 3PO variants (minies/threepo.py) all have this shape;
+train.py builds one as `Algorithm(model, tokenizer, task, config, chat_template=...)` and then only
+calls what is listed here. Nothing inherits from it: it is a contract, checked in tests/test_algorithm.py.
+"""
+from typing import Protocol, runtime_checkable
+
+
+@runtime_checkable
+class Algorithm(Protocol):
+    default_steps: int
+    """Training steps when --steps is not given, sized for the shipped model."""
+
+    prompts_per_step: int
+    """How many problems train.py draws for each step (the same list on every process)."""
+
+    resume_from_base: bool
+    """True when model_to_save() is not the model being trained (e.g. LoRA adapters merged into the
+    base): --resume then reloads the base model and load_state_dict restores the trained weights.
+    False: --resume reloads the saved checkpoint itself."""
+
+    def step(self, problems, seed) -> dict:
+        """One training step on `problems`; `seed` is a function of (run seed, step) only, so the step
+        is the same on every process and after --resume. Returns the step's log row (numbers, or lists
+        of numbers), with a "tokens" key: the completion tokens generated for training in this step."""
+
+    def state_dict(self) -> dict:
+        """Everything beyond the saved model that --resume needs to continue bit for bit."""
+
+    def load_state_dict(self, state: dict) -> None:
+        """Restore state_dict()'s output, into an algorithm built on the model --resume loaded."""
+
+    def model_to_save(self):
+        """The model a checkpoint holds (a plain transformers model that eval.py can load)."""
