@@ -59,8 +59,8 @@ def main(argv=None):
     if cfg.out:
         os.makedirs(os.path.dirname(cfg.out) or ".", exist_ok=True)
         with open(cfg.out, "w") as f:
-            json.dump({"model": cfg.model, "task": cfg.task, "prompt_style": style, "max_new_tokens": task.max_new_tokens,
-                       "temperature": cfg.temperature, **metrics}, f, indent=1)
+            json.dump({"model": cfg.model, "task": cfg.task, "prompt_style": style,
+                       "max_new_tokens": task.max_new_tokens, "temperature": cfg.temperature, **metrics}, f, indent=1)
 
 
 if __name__ == "__main__":

@@ -27,11 +27,11 @@ import numpy as np
 import torch
 
 from bench.qwen_shapes import QWEN_05B
-from minies.config import add_arguments, from_args, option, option_of
+from minies.config import TaskOptions, add_arguments, from_args, option, option_of
 from minies.es import ES, ESConfig, member_seeds, noise
-from minies.models import SHIPPED_MODEL, load_model, load_tokenizer, model_device
+from minies.models import SHIPPED_MODEL, load_model, load_tokenizer, model_device, prompt_style_for
 from minies.rollout import format_prompts, generate
-from minies.tasks import Arithmetic
+from minies.tasks import get_task
 from train import TrainConfig
 
 
@@ -44,6 +44,7 @@ class BenchConfig:
     prompts: int = option(256, "prompts per member (P)")
     micro_batch: int = option(1024, "rows per generate call (lowrank: whole members)")
     new_tokens: int = option(10, "max new tokens per row")
+    prompt_style: str = option_of(TaskOptions, "prompt_style")
     params: str = option(".*", "regex of the perturbed parameters ('.*': all of them)")
     repeats: int = option(3, "time each measurement this many times, keep the fastest")
     skip_torchrun: bool = option(False, "skip the 2-process measurement")
@@ -74,10 +75,11 @@ def build(args):
     return model, tok
 
 
-def bench_task(args):
-    """The task every measurement uses (completions capped at --new-tokens) and its P training problems."""
-    task = Arithmetic()
-    task.max_new_tokens = args.new_tokens
+def bench_task(args, model):
+    """The task every measurement uses (arithmetic in the model's prompt style, completions capped at
+    --new-tokens) and its P training problems."""
+    task = get_task("arithmetic", prompt_style=prompt_style_for(args.prompt_style, model.config),
+                    max_new_tokens=args.new_tokens)
     return task, task.train_problems(args.prompts, seed=1)
 
 
@@ -113,7 +115,7 @@ def draw_noise(es, members):
 
 def speed(args):
     model, tok = build(args)
-    task, problems = bench_task(args)
+    task, problems = bench_task(args, model)
     prompts = format_prompts(tok, [p.question for p in problems])
     rows = prompts * args.population
 
@@ -139,7 +141,8 @@ def speed(args):
             score_s, _ = timed(lambda: [es.score(problems, prompts, seed=0) for _ in members], model, args.repeats)
             rewards = np.linspace(0, 1, args.population)
             es.score_members = lambda members, mine, problems, prompts, seed: (
-                (n, np.full(len(problems), rewards[n]), 0, ["0"] * len(problems)) for n in mine)
+                (n, np.full(len(problems), rewards[n]), np.zeros(len(problems), bool), 0, ["0"] * len(problems))
+                for n in mine)
             update_s, _ = timed(lambda: es.step(problems, seed=0), model, args.repeats)
             result[mode].update(overhead=(write_s + update_s) / score_s, write_s=write_s, update_s=update_s,
                                 score_s=score_s, noise_s=noise_s,
@@ -179,7 +182,7 @@ def memory_probe(args, what):
 
 
 def workload(args, what, model, tok):
-    task, problems = bench_task(args)
+    task, problems = bench_task(args, model)
     cuda = model_device(model).type == "cuda"
     if cuda:
         torch.cuda.reset_peak_memory_stats()
@@ -212,7 +215,7 @@ def passthrough(args):
     flags = ["--model", args.model, "--dtype", args.dtype, "--population", str(args.population),
              "--prompts", str(args.prompts), "--micro-batch", str(args.micro_batch),
              "--new-tokens", str(args.new_tokens), "--repeats", str(args.repeats), "--scratch", args.scratch,
-             "--params", args.params]
+             "--params", args.params, "--prompt-style", args.prompt_style]
     return flags + (["--load-in-8bit"] if args.load_in_8bit else [])
 
 
@@ -221,7 +224,7 @@ def step_time(args):
     from minies import distributed
     distributed.init()
     model, tok = build(args)
-    task, problems = bench_task(args)
+    task, problems = bench_task(args, model)
     es = ES(model, tok, task, es_config(args, "inplace"))
     es.step(problems, seed=0)
     distributed.barrier()

@@ -45,11 +45,11 @@ import train
 from bench import report
 from minies import ArgumentParser, UserError, checkpoint, run_script
 from minies.analysis import drift, rank_correlation, rescue_counts, sparsified
-from minies.config import add_arguments, from_args, option
+from minies.config import TaskOptions, add_arguments, from_args, option, option_of
 from minies.evaluate import evaluate
 from minies.es import ESConfig
 from minies.grpo import GRPOConfig
-from minies.models import SHIPPED_MODEL, load_model, load_tokenizer
+from minies.models import SHIPPED_MODEL, load_model, load_tokenizer, prompt_style_for
 from minies.tasks import DEFAULT_TASK, get_task
 
 SEQUENTIAL = (("grpo", "es"), ("es", "grpo"))
@@ -71,6 +71,7 @@ EVAL_SAMPLE_SECONDS = 0.002
 class ReproduceConfig:
     model: str = option(SHIPPED_MODEL, "the start model: hub id or local directory")
     out: str = option("results", "output directory (results.json, results.md, plots, runs/)")
+    prompt_style: str = option_of(TaskOptions, "prompt_style")
     quick: bool = option(False, "a smoke run: 1 seed, a tiny budget, few problems (changes the defaults below)")
     seeds: int = option(3, "seeds 0..S-1 for every method", check="positive")
     tokens: int = option(160_000, "generated training tokens per run, the same for every method", check="positive")
@@ -192,7 +193,8 @@ def read_log(run_dir):
 def train_stage(cfg, runs_dir, stage, model):
     """Train one stage to its token budget (module docstring) from `model`; returns its run directory."""
     flags = method_flags(cfg)[stage.method] + ["--model", model, "--seed", stage.seed, "--out", runs_dir,
-             "--run-name", stage.name, "--save-every", 10**9, "--eval-every", max(1, stage.steps // cfg.evals_per_run),
+             "--prompt-style", cfg.prompt_style, "--run-name", stage.name, "--save-every", 10**9,
+             "--eval-every", max(1, stage.steps // cfg.evals_per_run),
              "--eval-problems", cfg.eval_problems, "--eval-samples", HELDOUT_SAMPLES,
              "--final-samples", HELDOUT_SAMPLES]
     steps = max(1, int(0.9 * stage.steps))
@@ -246,7 +248,7 @@ def load_weights(path, replace=None):
 def heldout(cfg, tok, model, seed, n):
     """Held-out metrics on the test split of `seed`'s task: the split the runs of that seed never
     trained on (train.py draws its training problems outside it), with pass@k for k = 1, 2, 4, .. n."""
-    task = get_task(DEFAULT_TASK, seed=seed)
+    task = get_task(DEFAULT_TASK, seed=seed, prompt_style=prompt_style_for(cfg.prompt_style, model.config))
     ks = [2 ** i for i in range(n.bit_length())]
     return evaluate(model, tok, task, task.test_problems()[:cfg.problems], n=n, ks=ks, seed=0)
 

@@ -116,6 +116,8 @@ class Fitness(NamedTuple):
     errors: np.ndarray  # [N] standard error of each member's mean reward
     outcomes: dict  # member -> per-prompt outcome labels (minies.analysis.answer_outcome)
     tokens: int  # generated tokens
+    truncated_rate: float  # share of completions cut off at max_new_tokens (no EOS): a reasoning trace cut short
+    int8_clamped: float  # per member, the share of int8 weights clamped at ±127 by the perturbation (else nan)
     seconds_per_member: float  # on this rank
 
 
@@ -133,6 +135,8 @@ def population_log(fitness, z, num_problems):
         # How differently the members answer, seen through the verifier (0: all alike, 1: all differ).
         "js_diversity": js_diversity([[[outcomes[n][j]] for j in range(num_problems)] for n in sorted(outcomes)])
         if len(outcomes) > 1 else 0.0,
+        "truncated_rate": fitness.truncated_rate,
+        **({} if np.isnan(fitness.int8_clamped) else {"int8_clamped": fitness.int8_clamped}),
     }
 
 
@@ -181,6 +185,7 @@ class ES:
         self.model, self.tokenizer, self.task, self.cfg = model, tokenizer, task, config
         self.chat_template = chat_template
         self.prompts_per_step = config.prompts_per_step
+        member_seeds(0, config.population, config.antithetic)  # a bad --population fails now, not after an evaluation
         owner = {id(p): m for m in model.modules() for p in m.parameters(recurse=False)}
         config.params = config.params or model_defaults(model.config)["es_params"]  # recorded in config.json
         pattern = re.compile(config.params)
@@ -203,14 +208,15 @@ class ES:
 
     @torch.no_grad()
     def score(self, problems, prompts, seed, micro_batch=None):
-        """Per-prompt rewards of the model as it is now on `problems` (`prompts`: their formatted text), the
-        number of generated tokens, and per-prompt outcome labels (minies.analysis.answer_outcome) for
-        the population's diversity."""
+        """Per-prompt rewards of the model as it is now on `problems` (`prompts`: their formatted text),
+        per-prompt truncation flags, the number of generated tokens, and per-prompt outcome labels
+        (minies.analysis.answer_outcome) for the population's diversity."""
         r = generate(self.model, self.tokenizer, prompts, self.task.max_new_tokens, self.cfg.temperature,
                      greedy=self.cfg.greedy, micro_batch=micro_batch or self.cfg.micro_batch, seed=seed)
         scores = score_rollouts(self.task, problems, r.texts)
         outcomes = [answer_outcome(score, text) for score, text in zip(scores, r.texts)]
-        return np.array([s.reward for s in scores]), int(r.lengths.sum()), outcomes
+        truncated = r.truncated(self.tokenizer.eos_token_id).numpy()
+        return np.array([s.reward for s in scores]), truncated, int(r.lengths.sum()), outcomes
 
     @torch.no_grad()
     def step(self, problems, seed):
@@ -230,20 +236,30 @@ class ES:
         what population_log needs."""
         rewards = torch.zeros(len(members), dtype=torch.float64)
         errors = torch.zeros(len(members), dtype=torch.float64)  # standard error of each member's mean reward
-        tokens = torch.zeros(1, dtype=torch.float64)
+        # Sums over this rank's members: generated tokens, truncated completions, clamped int8 weights.
+        counts = torch.zeros(3, dtype=torch.float64)
+        int8 = [t for t in self.tensors if t.int8]
+        for t in int8:
+            t.clamped = 0
         start = time.time()
         mine = distributed.shard(list(range(len(members))))
         outcomes = {}
         prompts = self.format(problems)  # once per step: the chat template costs ~6% of a member's scoring
-        for n, per_prompt, count, labels in self.score_members(members, mine, problems, prompts, seed):
+        for n, per_prompt, truncated, count, labels in self.score_members(members, mine, problems, prompts, seed):
             rewards[n], errors[n] = per_prompt.mean(), per_prompt.std() / np.sqrt(len(per_prompt))
-            tokens += count
+            counts += torch.tensor([count, truncated.sum(), 0.0], dtype=torch.float64)
             outcomes[n] = labels
+        counts[2] = sum(t.clamped for t in int8)
         seconds_per_member = (time.time() - start) / max(len(mine), 1)
-        for x in (rewards, errors, tokens):
+        for x in (rewards, errors, counts):
             distributed.all_reduce_sum(x)
         outcomes = {n: o for part in distributed.all_gather_objects(outcomes) for n, o in part.items()}
-        return Fitness(rewards.numpy(), errors.numpy(), outcomes, int(tokens.item()), seconds_per_member)
+        tokens, truncated, clamped = counts.tolist()
+        # Only in-place scoring writes perturbed int8 weights; lowrank adds its noise in the forward pass.
+        int8_weights = sum(t.param.numel() for t in int8)
+        int8_clamped = clamped / (len(members) * int8_weights) if int8 and not self.lowrank else float("nan")
+        return Fitness(rewards.numpy(), errors.numpy(), outcomes, int(tokens),
+                       truncated / (len(members) * len(problems)), int8_clamped, seconds_per_member)
 
     def update(self, members, z):
         """θ ← θ + α·(1/N)·Σ_n z_n·ε_n (ε_n signed: −ε of its pair for a mirrored member), on each perturbed
@@ -274,7 +290,8 @@ class ES:
         return sum(float((t.master - t0).pow(2).sum()) for t, t0 in zip(self.tensors, self.theta0)) ** 0.5
 
     def score_members(self, members, mine, problems, prompts, seed):
-        """Yield (n, per-prompt rewards, generated tokens, per-prompt outcomes) for each member n in `mine`.
+        """Yield (n, per-prompt rewards, per-prompt truncation flags, generated tokens, per-prompt outcomes)
+        for each member n in `mine`.
         Common random numbers: every member is scored on the same prompts with the same sampling seed."""
         if not self.lowrank:  # in place: write θ + σ·ε_n into the model, one member at a time
             for n in mine:
@@ -291,11 +308,11 @@ class ES:
         for start in range(0, len(mine), per_call):
             group = mine[start:start + per_call]
             with self.population.members([members[n] for n in group], self.cfg.sigma):
-                per_row, count, labels = self.score(problems * len(group), prompts * len(group), seed,
-                                                    micro_batch=len(group) * len(problems))
+                per_row, truncated, count, labels = self.score(problems * len(group), prompts * len(group), seed,
+                                                               micro_batch=len(group) * len(problems))
             for j, n in enumerate(group):
                 rows = slice(j * len(problems), (j + 1) * len(problems))
-                yield n, per_row[rows], count / len(group), labels[rows]
+                yield n, per_row[rows], truncated[rows], count / len(group), labels[rows]
 
     def direction(self, t, terms):
         """Σ c·ε_seed over the (seed, c) terms for one tensor, in fp32, regenerating each ε from its seed."""

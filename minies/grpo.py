@@ -267,6 +267,7 @@ class GRPO:
             for key in stats:
                 sums[key] += stats[key] * mask[rows].sum().item()
         self.model.eval()
+        check_finite("the loss", sums["loss"])  # before any optimizer (AdamW, or IVON in 3PO) takes a step
         return sums, old
 
     def clip_gradient(self):
@@ -318,7 +319,7 @@ class GRPO:
                 # Per prompt, in order: runs with the same --seed see the same prompts, so this pairs them.
                 "groups_solved": correct.gt(0).any(1).int().tolist(),
                 **update_log, "length_mean": scores.lengths.mean().item(), "length_max": scores.lengths.max().item(),
-                "truncated": scores.truncated.mean().item(), "tokens": int(scores.lengths.sum().item())}
+                "truncated_rate": scores.truncated.mean().item(), "tokens": int(scores.lengths.sum().item())}
 
     def state_dict(self):
         """The trained weights (the adapters alone under LoRA) and the optimizer state."""

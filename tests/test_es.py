@@ -85,7 +85,8 @@ def test_normalize_rewards():
 
 def test_all_tied_step_changes_nothing(tiny_model_dir):
     es = make_es(tiny_model_dir)
-    es.score = lambda problems, prompts, seed: (np.full(len(problems), 0.1), 10, ["7"] * len(problems))  # all the same
+    es.score = lambda problems, prompts, seed: (np.full(len(problems), 0.1), np.zeros(len(problems), bool), 10,
+                                                ["7"] * len(problems))  # all the same
     before = weights(es.model)
     stats = es.step(Arithmetic(test_size=50).train_problems(8, seed=0), seed=0)
     assert stats["all_tied"] and stats["update_norm"] == 0.0 and not np.isnan(stats["fitness_snr"])
@@ -100,7 +101,8 @@ def test_update_is_the_seeded_sum(tiny_model_dir, antithetic):
     pair's two terms, which the update merges into one, are checked here one by one)."""
     es = make_es(tiny_model_dir, alpha=0.01, antithetic=antithetic)
     fake = iter([0.0, 1.0, 3.0, 2.0])
-    es.score = lambda problems, prompts, seed: (np.full(len(problems), next(fake)), 10, ["7"] * len(problems))
+    es.score = lambda problems, prompts, seed: (np.full(len(problems), next(fake)), np.zeros(len(problems), bool), 10,
+                                                ["7"] * len(problems))
     t = es.tensors[3]
     start = t.master.clone()
     es.step(Arithmetic(test_size=50).train_problems(8, seed=0), seed=11)
@@ -121,7 +123,8 @@ def test_8bit_steps_change_outputs_and_checkpoint_reloads(tiny_model_dir, tmp_pa
     problems = Arithmetic(test_size=50).train_problems(8, seed=0)
     rewards = iter(range(100))
     es.score_members = lambda members, mine, problems, prompts, seed: (
-        (n, np.full(len(problems), float(next(rewards))), 10, ["7"] * len(problems)) for n in mine)
+        (n, np.full(len(problems), float(next(rewards))), np.zeros(len(problems), bool), 10, ["7"] * len(problems))
+        for n in mine)
     for step in range(2):
         es.step(problems, seed=step)
     after = es.model(ids).logits
@@ -205,7 +208,8 @@ def test_lowrank_update_is_the_sum_of_rank_r_terms(tiny_model_dir):
     es = make_es(tiny_model_dir, alpha=0.01, antithetic=False, mode="lowrank", rank=3)
     fake = [0.0, 1.0, 3.0, 2.0]
     es.score_members = lambda members, mine, problems, prompts, seed: (
-        (n, np.full(len(problems), fake[n]), 10, [str(n)] * len(problems)) for n in mine)
+        (n, np.full(len(problems), fake[n]), np.zeros(len(problems), bool), 10, [str(n)] * len(problems))
+        for n in mine)
     t = es.tensors[2]
     start = t.master.clone()
     stats = es.step(Arithmetic(test_size=50).train_problems(8, seed=0), seed=11)
@@ -227,9 +231,9 @@ def test_lowrank_scores_equal_scoring_each_member_alone(tiny_model_dir):
     members = member_seeds(9, 6, antithetic=True)
     es.cfg.micro_batch = 4 * 6  # all six members in one call
     prompts = es.format(problems)
-    together = {n: (r, o) for n, r, _, o in es.score_members(members, list(range(6)), problems, prompts, seed=0)}
+    together = {n: (r, o) for n, r, _, _, o in es.score_members(members, list(range(6)), problems, prompts, seed=0)}
     es.cfg.micro_batch = 4  # one member per call
-    alone = {n: (r, o) for n, r, _, o in es.score_members(members, list(range(6)), problems, prompts, seed=0)}
+    alone = {n: (r, o) for n, r, _, _, o in es.score_members(members, list(range(6)), problems, prompts, seed=0)}
     assert all(np.array_equal(together[n][0], alone[n][0]) and together[n][1] == alone[n][1] for n in range(6))
 
 
@@ -263,3 +267,17 @@ def test_int8_clamps_are_counted(tiny_model_dir):
         for t in int8:
             t.clean()
     assert 0 < fractions[0] < 0.02 < fractions[1]  # a few largest weights at small σ, many at large σ
+
+
+@pytest.mark.parametrize("eightbit", [False, True])
+def test_step_logs_truncation_and_int8_clamps(tiny_model_dir, eightbit):
+    """Every step logs the share of truncated completions; with int8 weights scored in place, also the
+    share of int8 weights the perturbations clamp (a fraction of a percent at the default σ)."""
+    es = make_es(tiny_model_dir, load_in_8bit=eightbit, params=".*")
+    log = es.step(Arithmetic(test_size=50).train_problems(8, seed=0), seed=0)
+    assert 0.0 <= log["truncated_rate"] <= 1.0
+    assert ("int8_clamped" in log) == eightbit
+    if eightbit:
+        assert 0.0 < log["int8_clamped"] < 0.05
+    es.task.max_new_tokens = 2  # too short for any answer: every completion is cut off
+    assert es.step(Arithmetic(test_size=50).train_problems(8, seed=0), seed=1)["truncated_rate"] == 1.0

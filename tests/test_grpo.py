@@ -157,7 +157,7 @@ def test_kl_is_zero_at_the_first_step(tiny_model_dir, eightbit):
     first, second = algo.step(problems, 0), algo.step(problems, 1)
     assert first["kl"] == 0.0 and second["kl"] > 0
     expected = {"reward_mean", "reward_std", "accuracy", "malformed", "zero_std_groups", "entropy", "clip_low",
-                "clip_high", "kl", "length_mean", "length_max", "truncated", "loss", "grad_norm", "tokens"}
+                "clip_high", "kl", "length_mean", "length_max", "truncated_rate", "loss", "grad_norm", "tokens"}
     solved = first.pop("groups_solved")  # per prompt: 1 when its group has a correct completion
     assert expected <= first.keys() and all(math.isfinite(v) for v in first.values())
     assert len(solved) == 4 and set(solved) <= {0, 1} and (sum(solved) > 0) == (first["accuracy"] > 0)

@@ -40,6 +40,23 @@ def test_tokenizer_chatml_and_special_ids(qwen):
     assert tok.decode(tok(sample, add_special_tokens=False)["input_ids"]) == sample
 
 
+def test_instruct_prompts_render_in_chatml(qwen_dir, qwen):
+    """What an instruction-tuned Qwen model is shown: its default system message, the instruct question as
+    the user turn, then the assistant turn opened for the completion."""
+    from minies.models import load_config, prompt_style_for
+    from minies.rollout import format_prompts
+    from minies.tasks import get_task
+
+    assert prompt_style_for("auto", load_config(qwen_dir)) == "instruct"  # no minies_defaults: a hub model
+    task = get_task("countdown", prompt_style="instruct")
+    problem = task.test_problems()[0]
+    [prompt] = format_prompts(qwen[1], [problem.question])
+    assert prompt == (f"<|im_start|>system\n{SYSTEM}<|im_end|>\n<|im_start|>user\n{problem.question}<|im_end|>\n"
+                      "<|im_start|>assistant\n")
+    assert problem.question.startswith(f"Using the numbers [{', '.join(map(str, problem.numbers))}], create an "
+                                       f"equation that equals {problem.answer}.")
+
+
 def test_loads_in_float32_and_8bit(qwen_dir, qwen):
     import bitsandbytes as bnb
 
