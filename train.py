@@ -3,6 +3,7 @@
     python train.py                              # ES on the shipped tiny model, default task
     python train.py --algo grpo                  # GRPO
     python train.py --algo grpo --help           # the flags of one algorithm
+    python train.py --model Qwen/Qwen2.5-0.5B-Instruct --dtype bfloat16 --task countdown --recipe qiu2025
     torchrun --nproc_per_node 2 train.py ...     # several processes (gloo on CPU, nccl on CUDA)
 
 Every algorithm gets the same prompts, rewards, logging, checkpoints and evaluation; the
@@ -54,8 +55,8 @@ class TrainConfig(TaskOptions, ModelOptions):
     run_name: str = option(None, "run name (default: <algo>-<task>-seed<seed>)")
     resume: bool = option(False, "continue the run in out/<run-name> from its latest checkpoint")
     save_every: int = option(25, "checkpoint every k steps (and at the end)", check="positive")
-    eval_every: int = option(25, "held-out pass@1, greedy accuracy, entropy and malformed rate every k steps "
-                                 "(0: only before and after)", check="non_negative")
+    eval_every: int = option(25, "held-out pass@1, greedy accuracy, entropy, malformed and truncated rates every "
+                                 "k steps (0: only before and after)", check="non_negative")
     eval_problems: int = option(500, "held-out problems for the evaluations", check="positive")
     eval_samples: int = option(4, "samples per problem for held-out pass@1 during training", check="positive")
     final_samples: int = option(16, "samples per problem for the before/after evaluation (pass@1, pass@16)",
@@ -124,7 +125,7 @@ def main(argv=None):
     tok = load_tokenizer(cfg.model)
     # Algorithms that save something other than what they train (merged LoRA adapters) restart from
     # the base model and restore the rest from their state; the others reload the checkpoint itself.
-    from_base = resume_from is None or getattr(Algorithm, "resume_from_base", False)
+    from_base = resume_from is None or Algorithm.resume_from_base
     model = load_model(cfg.model if from_base else resume_from, cfg.dtype, cfg.load_in_8bit)
     algo = Algorithm(model, tok, task, algo_cfg, chat_template=cfg.chat_template)
 
@@ -162,6 +163,7 @@ def main(argv=None):
             metrics = heldout(model, tok, task, cfg, cfg.eval_samples)
             row["heldout_pass@1"], row["heldout_greedy"] = metrics["pass@1"], metrics["greedy_accuracy"]
             row["heldout_entropy"], row["heldout_malformed"] = metrics["entropy"], metrics["malformed_rate"]
+            row["heldout_truncated"] = metrics["truncated_rate"]
         if main_rank:
             log.write(json.dumps(row) + "\n")
             log.flush()

@@ -1,4 +1,4 @@
-"""Reproduce the founding papers' findings on the shipped model (docs/papers.md section 1).
+"""Reproduce the founding papers' findings on the shipped model (docs/papers.md).
 
     python -m bench.reproduce --quick            # a smoke run of every stage: under a minute on one core
     python -m bench.reproduce --out results      # the full run: 37 min on 2 cores (plan and estimate printed first)

@@ -1,4 +1,4 @@
-"""Measurements behind the claims of the founding papers (docs/papers.md section 1), shared by bench/ and tests.
+"""Measurements behind the claims of the founding papers (docs/papers.md), shared by bench/ and tests.
 
 Paper A says ES keeps a *diverse* population and so a higher pass@k than GRPO, changes every weight but
 owes its gain to a few large updates, and paper B says 3PO *rescues* prompts on which GRPO's whole group

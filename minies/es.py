@@ -1,6 +1,6 @@
 """Evolution Strategies (Salimans et al. 2017; Qiu et al. 2025, "ES at scale") with seeded in-place noise.
 
-One step, with N members, noise scale σ and step size α (docs/papers.md section 2):
+One step, with N members, noise scale σ and step size α (docs/papers.md, "ES"):
 
     for n = 1..N:   θ_n = θ + σ·ε_n          ε_n ~ N(0, I), regenerated from (seed_n, tensor index)
                     R_n = mean reward of the model θ_n on the step's prompts

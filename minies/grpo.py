@@ -18,7 +18,7 @@ aggregated over the batch by one of
 
 with μ optimizer steps per batch. π_old is the policy before the first of them, so its log-probs
 are the first pass's, detached: at the first pass ratio = 1 and the loss value is ~0, but its
-gradient is the policy gradient (docs/papers.md section 3).
+gradient is the policy gradient (docs/papers.md, "GRPO").
 
 A batch is cut into micro-batches whose gradients accumulate, and with torchrun the prompts are
 shared between processes under DistributedDataParallel. Every normaliser above (B, Σ|o_i|) is the

@@ -1,4 +1,4 @@
-"""3PO, Perturbed Parameter Policy Optimization (Venkatkrishna, Daheim, Gurevych et al.; docs/papers.md 1B).
+"""3PO, Perturbed Parameter Policy Optimization (Venkatkrishna, Daheim, Gurevych et al.; docs/papers.md, "3PO").
 
 GRPO explores only through token sampling, and temperature only rescales the logits. 3PO also explores
 in weight space: IVON (minies/ivon.py) keeps a posterior N(θ, diag(σ²)) over the trained weights,
