@@ -9,6 +9,8 @@ Every number is measured in this one run, side by side, and printed as ratios:
    spent generating and scoring (in-place mode, where that work exists at all);
 2. efficiency: generated tokens/s of an ES step over tokens/s of plain batched generation of the same
    N·P rows in the same chunks (the limit ES can approach), for both modes; members/s of both modes;
+   the mode `--mode auto` picks for this shape (minies.placement.choose_mode); on CUDA, the time to copy
+   one member's fp32 masters to the device (none when --master-device puts them there);
 3. memory: peak of an ES step (and of a GRPO step) over the peak of plain generation, each measured in
    a fresh subprocess (CUDA: max allocated on the device; CPU: the peak resident set while the workload
    runs, which includes the fp32 master copies and θ0 that ES keeps in host memory);
@@ -30,6 +32,7 @@ from bench.qwen_shapes import QWEN_05B
 from minies.config import TaskOptions, add_arguments, from_args, option, option_of
 from minies.es import ES, ESConfig, member_seeds, noise
 from minies.models import SHIPPED_MODEL, load_model, load_tokenizer, model_device, prompt_style_for
+from minies.placement import choose_mode
 from minies.rollout import format_prompts, generate
 from minies.tasks import get_task
 from train import TrainConfig
@@ -46,6 +49,7 @@ class BenchConfig:
     new_tokens: int = option(10, "max new tokens per row")
     prompt_style: str = option_of(TaskOptions, "prompt_style")
     params: str = option(".*", "regex of the perturbed parameters ('.*': all of them)")
+    master_device: str = option_of(ESConfig, "master_device")
     repeats: int = option(3, "time each measurement this many times, keep the fastest")
     skip_torchrun: bool = option(False, "skip the 2-process measurement")
     scratch: str = option("/tmp/minies-bench", "where the 8-bit random model is saved")
@@ -85,7 +89,7 @@ def bench_task(args, model):
 
 def es_config(args, mode):
     return ESConfig(population=args.population, prompts_per_step=args.prompts, mode=mode,
-                    micro_batch=args.micro_batch, params=args.params)
+                    micro_batch=args.micro_batch, params=args.params, master_device=args.master_device)
 
 
 def sync(model):
@@ -125,7 +129,8 @@ def speed(args):
     plain_s, plain = timed(lambda: generate(model, tok, rows, task.max_new_tokens, greedy=True, micro_batch=chunk),
                            model, args.repeats)
     plain_tps = int(plain.lengths.sum()) / plain_s
-    result = {"plain_tokens_per_s": plain_tps}
+    result = {"plain_tokens_per_s": plain_tps,
+              "auto": choose_mode(args.prompts, args.population, args.micro_batch, model_device(model))}
 
     for mode in ("inplace", "lowrank"):
         es = ES(model, tok, task, es_config(args, mode))
@@ -137,6 +142,7 @@ def speed(args):
             write_s, _ = timed(lambda: [t.perturbed(*m, es.cfg.sigma) for m in members for t in es.tensors]
                                + [t.clean() for t in es.tensors], model, args.repeats)
             noise_s, _ = timed(lambda: draw_noise(es, members), model, args.repeats)
+            copy_s, _ = timed(lambda: [t.on_device() for _ in members for t in es.tensors], model, args.repeats)
             prompts = es.format(problems)
             score_s, _ = timed(lambda: [es.score(problems, prompts, seed=0) for _ in members], model, args.repeats)
             rewards = np.linspace(0, 1, args.population)
@@ -145,8 +151,8 @@ def speed(args):
                 for n in mine)
             update_s, _ = timed(lambda: es.step(problems, seed=0), model, args.repeats)
             result[mode].update(overhead=(write_s + update_s) / score_s, write_s=write_s, update_s=update_s,
-                                score_s=score_s, noise_s=noise_s,
-                                weights=sum(t.param.numel() for t in es.tensors))
+                                score_s=score_s, noise_s=noise_s, copy_s=copy_s / len(members),
+                                masters=es.cfg.master_device, weights=sum(t.param.numel() for t in es.tensors))
         for t, t0 in zip(es.tensors, es.theta0):  # undo this mode's steps before measuring the next one
             t.master.copy_(t0)
             t.clean()
@@ -215,7 +221,7 @@ def passthrough(args):
     flags = ["--model", args.model, "--dtype", args.dtype, "--population", str(args.population),
              "--prompts", str(args.prompts), "--micro-batch", str(args.micro_batch),
              "--new-tokens", str(args.new_tokens), "--repeats", str(args.repeats), "--scratch", args.scratch,
-             "--params", args.params, "--prompt-style", args.prompt_style]
+             "--params", args.params, "--prompt-style", args.prompt_style, "--master-device", args.master_device]
     return flags + (["--load-in-8bit"] if args.load_in_8bit else [])
 
 
@@ -231,6 +237,23 @@ def step_time(args):
     seconds, _ = timed(lambda: es.step(problems, seed=1), model, args.repeats)
     distributed.close()
     return seconds if distributed.is_main() else None
+
+
+def print_speed(args, r):
+    """speed()'s result `r` as the report's lines."""
+    ip, lr = r["inplace"], r["lowrank"]
+    print(f"plain generation             {r['plain_tokens_per_s']:9.0f} tokens/s")
+    for name, m in (("in-place", ip), ("lowrank", lr)):
+        print(f"ES {name:9s} step {m['step_s']:7.2f} s  {m['members_per_s']:6.2f} members/s  "
+              f"{m['tokens_per_s']:9.0f} tokens/s  efficiency {m['efficiency']:.2f}")
+    print(f"in-place overhead (write {ip['write_s']:.2f} s + update {ip['update_s']:.2f} s) / scoring "
+          f"{ip['score_s']:.2f} s: {100 * ip['overhead']:.1f}%")
+    print(f"  of the writing, drawing the noise: {ip['noise_s']:.2f} s, "
+          f"{1e9 * ip['noise_s'] / (ip['weights'] * args.population):.1f} ns per perturbed weight and member")
+    if torch.cuda.is_available():
+        print(f"  copying one member's fp32 masters ({ip['masters']}) to the device: {1e3 * ip['copy_s']:.2f} ms")
+    print(f"lowrank / in-place members per second: {lr['members_per_s'] / ip['members_per_s']:.2f}x")
+    print(f"--mode auto picks: {r['auto']}")
 
 
 def main():
@@ -250,17 +273,7 @@ def main():
     device = torch.cuda.get_device_name() if torch.cuda.is_available() else f"CPU, {torch.get_num_threads()} threads"
     print(f"# bench.es: {args.model} {args.dtype}{' 8-bit' if args.load_in_8bit else ''}, N={args.population}, "
           f"P={args.prompts}, {args.new_tokens} new tokens, --params {args.params!r}, on {device}")
-    r = speed(args)
-    ip, lr = r["inplace"], r["lowrank"]
-    print(f"plain generation             {r['plain_tokens_per_s']:9.0f} tokens/s")
-    for name, m in (("in-place", ip), ("lowrank", lr)):
-        print(f"ES {name:9s} step {m['step_s']:7.2f} s  {m['members_per_s']:6.2f} members/s  "
-              f"{m['tokens_per_s']:9.0f} tokens/s  efficiency {m['efficiency']:.2f}")
-    print(f"in-place overhead (write {ip['write_s']:.2f} s + update {ip['update_s']:.2f} s) / scoring "
-          f"{ip['score_s']:.2f} s: {100 * ip['overhead']:.1f}%")
-    print(f"  of the writing, drawing the noise: {ip['noise_s']:.2f} s, "
-          f"{1e9 * ip['noise_s'] / (ip['weights'] * args.population):.1f} ns per perturbed weight and member")
-    print(f"lowrank / in-place members per second: {lr['members_per_s'] / ip['members_per_s']:.2f}x")
+    print_speed(args, speed(args))
 
     unit = "MiB allocated on the GPU" if torch.cuda.is_available() else "MiB peak RSS"
     base = probe(args, "generate")

@@ -14,11 +14,13 @@ z_{2k+1})·ε_{2k}), one parameter tensor at a time, on that tensor's device.
 
 Exact restore and lossless updates. Adding σ·ε and subtracting it again is not exact in floating
 point (in bf16 it changes ~7% of the elements per cycle). So the weights that matter live in an fp32
-*master* copy of each perturbed tensor, kept in host memory (never a second copy on the accelerator).
-The model's tensor is only ever *written* from the master: clean = cast(master), perturbed =
-cast(master + σ·ε). Writing clean weights is therefore bit-exact however many cycles ran, and the
-update is accumulated and applied to the fp32 master, so steps below the bf16 spacing are not lost.
-Memory: 4 bytes per perturbed parameter for the master plus 4 for θ0 (for the drift log), on the host.
+*master* copy of each perturbed tensor. The model's tensor is only ever *written* from the master:
+clean = cast(master), perturbed = cast(master + σ·ε). Writing clean weights is therefore bit-exact
+however many cycles ran, and the update is accumulated and applied to the fp32 master, so steps below
+the bf16 spacing are not lost.
+Memory: 4 bytes per perturbed parameter for the master plus 4 for θ0 (for the drift log, on the host).
+The masters are host memory on a CPU; on CUDA (--master-device) they stay on the device when they fit,
+so writing a member copies nothing, else they are pinned host memory, copied asynchronously.
 
 8-bit models (bitsandbytes LLM.int8): a Linear8bitLt holds int8 weights W8 and one fp32 scale s per
 row (W ≈ W8·s/127, s = the row's largest |weight|). Its master is the dequantized fp32 weight; perturbed
@@ -38,6 +40,9 @@ Two ways to score the population (--mode). `inplace` (above) writes each member'
 model and scores the members one after another. `lowrank` (EGGROLL, minies/eggroll.py) never modifies
 the weights while scoring: each member's noise is a rank-r matrix added in the forward pass, so several
 members generate together in one batch; the update and the fp32 masters are the same as in place.
+`--mode auto` picks one from the batch shape (minies/placement.py): lowrank up to 128 prompts per step,
+else in place. Opt-in: it keeps the default step in place but would move smaller steps to lowrank,
+whose noise differs and which leaves norms and biases fixed, changing those runs' results.
 
 Distributed: member n is scored on rank n mod P (a static split, so runs are reproducible); the N
 rewards are summed with one all-reduce; every rank then applies the same update to its own replica, so
@@ -57,7 +62,8 @@ from minies.analysis import answer_outcome, js_diversity
 from minies.evaluate import score_rollouts
 from minies.guard import check_finite
 from minies.metrics import average_ranks
-from minies.models import int8_row_scales, model_defaults
+from minies.models import int8_row_scales, model_defaults, model_device
+from minies.placement import choose_mode, master_device
 from minies.rollout import format_prompts, generate
 
 
@@ -78,9 +84,13 @@ class ESConfig:
     micro_batch: int = option(1024, "sequences per generate call (lowrank: members per call = this // prompts)",
                               check="positive")
     mode: str = option("inplace", "inplace: perturb the weights, one member at a time; lowrank: EGGROLL, "
-                       "rank-r noise added in the forward pass, many members per batch (minies/eggroll.py)",
-                       choices=["inplace", "lowrank"])
+                       "rank-r noise added in the forward pass, many members per batch (minies/eggroll.py); auto: "
+                       "one of them, chosen from the batch shape (minies/placement.py)",
+                       choices=["inplace", "lowrank", "auto"])
     rank: int = option(1, "rank r of each member's perturbation A·Bᵀ/√r in lowrank mode", check="positive")
+    master_device: str = option("auto", "where the fp32 master weights live when the model is on CUDA: cpu (pinned "
+                                "host memory), cuda, or auto: cuda when they fit (master_device); on a CPU: cpu",
+                                choices=["auto", "cpu", "cuda"])
 
 
 def member_seeds(step_seed, population, antithetic):
@@ -141,12 +151,14 @@ def population_log(fitness, z, num_problems):
 
 
 class PerturbedTensor:
-    """One parameter the ES perturbs: its fp32 master on the host and how to write values into it."""
+    """One parameter the ES perturbs: its fp32 master (on `device`) and how to write values into it."""
 
-    def __init__(self, index, name, param, module):
+    def __init__(self, index, name, param, module, device=torch.device("cpu")):
         self.index, self.name, self.param, self.module = index, name, param, module
         self.int8 = param.dtype == torch.int8
-        self.master = self.dequantized().detach().float().cpu().clone()
+        self.master = self.dequantized().detach().float().to(device, copy=True)
+        if device.type == "cpu" and param.device.type == "cuda":
+            self.master = self.master.pin_memory()  # so that each member's copy to the device is asynchronous
         self.clamped = 0  # int8 elements clamped to ±127 by perturbed writes, summed until the caller resets it
 
     def dequantized(self):
@@ -170,11 +182,15 @@ class PerturbedTensor:
     def clean(self):
         """Write the master itself. For int8 rows that an update moved past their scale, rescale (above):
         the model then always equals quantize(master), within half an int8 step per element."""
-        self.write(self.master.to(self.param.device), rescale=True)
+        self.write(self.on_device(), rescale=True)
 
     def perturbed(self, seed, sign, sigma):
-        dev = self.param.device
-        self.write(noise(seed, self.index, self.param.shape, dev).mul_(sign * sigma).add_(self.master.to(dev)))
+        eps = noise(seed, self.index, self.param.shape, self.param.device)
+        self.write(eps.mul_(sign * sigma).add_(self.on_device()))
+
+    def on_device(self):
+        """The master on the param's device: itself when it lives there, else an asynchronous copy."""
+        return self.master.to(self.param.device, non_blocking=True)
 
 
 class ES:
@@ -189,8 +205,14 @@ class ES:
         owner = {id(p): m for m in model.modules() for p in m.parameters(recurse=False)}
         config.params = config.params or model_defaults(model.config)["es_params"]  # recorded in config.json
         pattern = re.compile(config.params)
-        self.tensors = [PerturbedTensor(i, name, p, owner[id(p)])
-                        for i, (name, p) in enumerate(model.named_parameters()) if pattern.search(name)]
+        chosen = [(i, name, p) for i, (name, p) in enumerate(model.named_parameters()) if pattern.search(name)]
+        device = model_device(model)
+        if config.mode == "auto":  # resolved here, so config.json records the mode that ran
+            config.mode = choose_mode(config.prompts_per_step, -(-config.population // distributed.world_size()),
+                                      config.micro_batch, device)
+        masters = master_device(config.master_device, device, sum(p.numel() for _, _, p in chosen))
+        config.master_device = masters.type
+        self.tensors = [PerturbedTensor(i, name, p, owner[id(p)], masters) for i, name, p in chosen]
         self.lowrank, self.population = config.mode == "lowrank", None
         if self.lowrank:
             from minies.eggroll import LowRankPopulation
@@ -199,7 +221,7 @@ class ES:
         if not self.tensors:
             in_mode = " that lowrank mode perturbs (weights of Linear and embedding layers)" if self.lowrank else ""
             raise UserError(f"--params {config.params!r} matches no parameter of the model{in_mode}")
-        self.theta0 = [t.master.clone() for t in self.tensors]
+        self.theta0 = [t.master.cpu().clone() for t in self.tensors]
         for p in model.parameters():
             p.requires_grad_(False)  # ES never needs gradients; this also keeps generate cheap
 
@@ -278,7 +300,7 @@ class ES:
                 direction = self.population.direction(t, terms)  # Σ c·A·Bᵀ/√r as one matmul (eggroll.py)
             else:
                 direction = self.direction(t, terms)  # Σ c·ε, each ε regenerated from its seed
-            delta = (self.cfg.alpha / len(members)) * direction.cpu()
+            delta = (self.cfg.alpha / len(members)) * direction.to(t.master.device)
             check_finite(f"the update of {t.name}", delta)  # before it reaches the master
             t.master += delta
             t.clean()
@@ -287,7 +309,7 @@ class ES:
 
     def drift(self):
         """‖θ − θ0‖ over the perturbed tensors."""
-        return sum(float((t.master - t0).pow(2).sum()) for t, t0 in zip(self.tensors, self.theta0)) ** 0.5
+        return sum(float((t.master.cpu() - t0).pow(2).sum()) for t, t0 in zip(self.tensors, self.theta0)) ** 0.5
 
     def score_members(self, members, mine, problems, prompts, seed):
         """Yield (n, per-prompt rewards, per-prompt truncation flags, generated tokens, per-prompt outcomes)
@@ -323,7 +345,7 @@ class ES:
         return total
 
     def state_dict(self):
-        return {"master": [t.master for t in self.tensors], "theta0": self.theta0}
+        return {"master": [t.master.cpu() for t in self.tensors], "theta0": self.theta0}
 
     def load_state_dict(self, state):
         for t, master, t0, saved_t0 in zip(self.tensors, state["master"], self.theta0, state["theta0"]):

@@ -20,5 +20,19 @@ def test_bench_es_prints_every_ratio(tmp_path):
     assert re.search(r"in-place overhead .*: [0-9.]+%", text)
     assert float(re.search(r"drawing the noise: .*, ([0-9.]+) ns per perturbed weight", text).group(1)) > 0
     assert re.search(r"lowrank / in-place members per second: [0-9.]+x", text)
+    assert re.search(r"--mode auto picks: lowrank$", text, re.M)  # 8 prompts per member: lowrank (minies/placement.py)
     ratios = [float(r) for r in re.findall(r"step: \d+ MiB .* ratio ([0-9.]+)", text)]
     assert len(ratios) == 3 and all(r > 0.5 for r in ratios)
+
+
+def test_bench_grpo_prints_the_step_and_its_split():
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    out = subprocess.run([sys.executable, "-m", "bench.grpo", "--prompts", "2", "--group-size", "2", "--steps", "1",
+                          "--new-tokens", "4"], cwd=ROOT, capture_output=True, text=True, env=env, timeout=600)
+    assert out.returncode == 0, out.stderr[-2000:]
+    text = out.stdout
+    assert float(re.search(r"minies GRPO step +([0-9.]+) s", text).group(1)) > 0
+    for part in ("generation", "scoring", "log-prob forward", "backward and loss", "optimizer", "other"):
+        assert re.search(rf"^  {part} +-?[0-9.]+ s +-?[0-9.]+%$", text, re.M), part
+    # TRL is optional: either its step is measured or one line says it was skipped.
+    assert re.search(r"TRL .*GRPOTrainer( step +[0-9.]+ s|: skipped \(trl is not installed\))", text)

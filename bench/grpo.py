@@ -1,0 +1,158 @@
+"""A GRPO step of minies against TRL's GRPOTrainer on the same model and batch, and where minies' step goes.
+
+    python -m bench.grpo                  # the shipped model, 16 prompts x 8 completions, one thread
+    python -m bench.grpo --skip-trl       # only minies' step and its split
+
+Both sides train every weight of the shipped model on the same arithmetic prompts (formatted once, by
+minies, and given to TRL as plain strings), with the same batch (P prompts x G completions, optimizer
+steps on micro-batches of 64), learning rate, sampling temperature (top-k and top-p off), loss (`grpo`
+aggregation, ε = 0.2, β = 0, group-std advantages) and gradient clipping, in float32 without gradient
+checkpointing, in one process with one thread.
+TRL is used only when it is installed; it is never a dependency of minies.
+
+Printed: seconds per step of each (the fastest of --steps timed steps, after one warm-up step), and
+minies' step split into generation, scoring, the log-prob forward passes, the backward pass (with the
+loss) and the optimizer (clipping and AdamW).
+"""
+import argparse
+import tempfile
+import time
+from dataclasses import dataclass
+
+import torch
+
+from minies.config import add_arguments, from_args, option, option_of
+from minies.grpo import GRPO, GRPOConfig
+from minies.models import SHIPPED_MODEL, load_model, load_tokenizer, prompt_style_for
+from minies.rollout import format_prompts
+from minies.tasks import get_task
+
+
+@dataclass
+class BenchConfig:
+    prompts: int = option_of(GRPOConfig, "prompts")
+    group_size: int = option_of(GRPOConfig, "group_size")
+    lr: float = option_of(GRPOConfig, "lr")
+    temperature: float = option_of(GRPOConfig, "temperature")
+    micro_batch: int = option_of(GRPOConfig, "micro_batch")
+    new_tokens: int = option(None, "max new tokens per completion (default: the task's)")
+    steps: int = option(3, "timed steps of each trainer, after one warm-up step; the fastest is kept")
+    skip_trl: bool = option(False, "measure minies alone")
+
+
+def setup(args):
+    """The shipped model, its tokenizer, the task and the problems of warm-up + timed steps, in order."""
+    torch.manual_seed(0)
+    model, tok = load_model(SHIPPED_MODEL), load_tokenizer(SHIPPED_MODEL)
+    task = get_task("arithmetic", prompt_style=prompt_style_for("auto", model.config), max_new_tokens=args.new_tokens)
+    return model, tok, task, task.train_problems(args.prompts * (args.steps + 1), seed=1)
+
+
+class Split:
+    """Seconds spent in some methods of some objects, by wrapping the methods on the objects themselves."""
+
+    def __init__(self, methods):
+        """`methods`: {label: (object, method name)}."""
+        self.seconds = dict.fromkeys(methods, 0.0)
+        for name, (obj, method) in methods.items():
+            setattr(obj, method, self.timed(name, getattr(obj, method)))
+
+    def timed(self, name, fn):
+        def wrapper(*args, **kwargs):
+            start = time.perf_counter()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                self.seconds[name] += time.perf_counter() - start
+        return wrapper
+
+
+def minies_steps(args):
+    """(seconds of the fastest timed step, that step's split) of minies' GRPO."""
+    model, tok, task, problems = setup(args)
+    algo = GRPO(model, tok, task, GRPOConfig(prompts=args.prompts, group_size=args.group_size, lr=args.lr,
+                                             temperature=args.temperature, micro_batch=args.micro_batch))
+    methods = ("generate", "score", "logps", "policy_gradient", "clip_gradient")
+    split = Split({**{name: (algo, name) for name in methods}, "optimizer": (algo.optimizer, "step")})
+    best = None
+    for step in range(args.steps + 1):
+        split.seconds = dict.fromkeys(split.seconds, 0.0)
+        start = time.perf_counter()
+        algo.step(problems[step * args.prompts:(step + 1) * args.prompts], seed=step)
+        seconds = time.perf_counter() - start
+        if step and (best is None or seconds < best[0]):
+            best = (seconds, split.seconds)
+    seconds, s = best
+    split = {"generation": s["generate"], "scoring": s["score"], "log-prob forward": s["logps"],
+             "backward and loss": s["policy_gradient"] - s["logps"], "optimizer": s["clip_gradient"] + s["optimizer"]}
+    return seconds, {**split, "other": seconds - sum(split.values())}
+
+
+def trl_steps(args, trl):
+    """Seconds of the fastest timed step of TRL's GRPOTrainer on the same model, batch and loss."""
+    import pyarrow
+    from datasets import Dataset
+    from transformers import TrainerCallback
+
+    model, tok, task, problems = setup(args)
+    prompts = format_prompts(tok, [p.question for p in problems])
+    # Given a fingerprint, datasets does not hash the table (which fails with some dill and pyarrow versions).
+    data = Dataset(pyarrow.Table.from_pylist([{"prompt": text, "problem": i} for i, text in enumerate(prompts)]),
+                   fingerprint="bench-grpo")
+
+    def reward(completions, problem, **_):
+        return [task.score(text, problems[i]).reward for text, i in zip(completions, problem)]
+
+    ends = []
+
+    class Clock(TrainerCallback):
+        def on_step_end(self, *_, **__):
+            ends.append(time.perf_counter())
+
+    rows = args.prompts * args.group_size
+    with tempfile.TemporaryDirectory() as out:
+        config = trl.GRPOConfig(
+            output_dir=out, use_cpu=not torch.cuda.is_available(), report_to=[], save_strategy="no",
+            disable_tqdm=True, logging_steps=1,
+            per_device_train_batch_size=min(args.micro_batch, rows),
+            gradient_accumulation_steps=max(1, rows // args.micro_batch),
+            num_generations=args.group_size, max_completion_length=task.max_new_tokens, temperature=args.temperature,
+            top_k=0, top_p=1.0, learning_rate=args.lr, lr_scheduler_type="constant", warmup_steps=0, weight_decay=0.0,
+            max_grad_norm=1.0, beta=0.0, epsilon=0.2, loss_type="grpo", scale_rewards="group",
+            # TRL turns both on by default; minies computes in float32 and keeps its activations.
+            bf16=False, gradient_checkpointing=False,
+            max_steps=args.steps + 1, shuffle_dataset=False, seed=0)
+        trainer = trl.GRPOTrainer(model=model, processing_class=tok, reward_funcs=reward, args=config,
+                                  train_dataset=data, callbacks=[Clock()])
+        start = time.perf_counter()
+        trainer.train()
+    times = [b - a for a, b in zip([start] + ends, ends)]
+    return min(times[1:])
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_arguments(p, BenchConfig, "bench.grpo")
+    args = from_args(BenchConfig, p.parse_args())
+    torch.set_num_threads(1)
+    device = torch.cuda.get_device_name() if torch.cuda.is_available() else f"CPU, {torch.get_num_threads()} thread(s)"
+    print(f"# bench.grpo: shipped model, {args.prompts} prompts x {args.group_size} completions, lr {args.lr}, "
+          f"temperature {args.temperature}, micro-batch {args.micro_batch}, on {device}")
+    seconds, split = minies_steps(args)
+    print(f"minies GRPO step {seconds:7.2f} s")
+    for name, value in split.items():
+        print(f"  {name:18s} {value:6.2f} s  {100 * value / seconds:5.1f}%")
+    try:
+        import trl
+    except ImportError:
+        trl = None
+    if args.skip_trl or trl is None:
+        print("TRL GRPOTrainer: skipped (" + ("--skip-trl" if args.skip_trl else "trl is not installed") + ")")
+        return
+    trl_seconds = trl_steps(args, trl)
+    print(f"TRL {trl.__version__} GRPOTrainer step {trl_seconds:7.2f} s")
+    print(f"TRL / minies seconds per step: {trl_seconds / seconds:.2f}x")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,89 @@
+"""Where ES works: the mode `auto` picks from the batch shape, and where the fp32 masters live."""
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from conftest import run_in_process
+from minies import UserError
+from minies.es import ES, ESConfig, member_seeds
+from minies.models import load_model, load_tokenizer
+from minies.placement import choose_mode, master_device
+from minies.tasks import Arithmetic
+
+CPU, CUDA = torch.device("cpu"), torch.device("cuda", 0)
+
+
+@pytest.mark.parametrize("prompts,population,micro_batch,cpu,cuda", [
+    (256, 32, 1024, "inplace", "inplace"),  # the default step
+    (16, 32, 1024, "lowrank", "lowrank"),
+    (64, 32, 1024, "lowrank", "lowrank"),
+    (128, 32, 1024, "lowrank", "lowrank"),
+    (129, 32, 1024, "inplace", "inplace"),
+    (16, 32, 16, "lowrank", "inplace"),  # one member per generate call
+    (16, 1, 1024, "lowrank", "inplace"),  # one member on this process
+])
+def test_choose_mode(prompts, population, micro_batch, cpu, cuda):
+    assert choose_mode(prompts, population, micro_batch, CPU) == cpu
+    assert choose_mode(prompts, population, micro_batch, CUDA) == cuda
+
+
+def test_master_device():
+    for choice in ("auto", "cpu"):
+        assert master_device(choice, CPU, 10**9) == CPU
+    with pytest.raises(UserError, match="--master-device cuda"):
+        master_device("cuda", CPU, 10)
+    assert master_device("auto", CUDA, 10, free_bytes=4 * 10 * 4 + 1) == CUDA  # 4 bytes each, under a quarter
+    assert master_device("auto", CUDA, 10, free_bytes=4 * 10 * 4) == CPU
+    assert master_device("cpu", CUDA, 10, free_bytes=10**12) == CPU
+    assert master_device("cuda", CUDA, 10**12, free_bytes=0) == CUDA
+
+
+def make_es(model_dir, device="cpu", **overrides):
+    model = load_model(model_dir, device=device)
+    cfg = ESConfig(**{"population": 4, "prompts_per_step": 8, **overrides})
+    return ES(model, load_tokenizer(model_dir), Arithmetic(test_size=50), cfg)
+
+
+def test_es_records_the_resolved_mode_and_master_device(tiny_model_dir):
+    assert make_es(tiny_model_dir).cfg.mode == "inplace"  # the default is not auto
+    for prompts, mode in ((8, "lowrank"), (256, "inplace")):
+        es = make_es(tiny_model_dir, mode="auto", prompts_per_step=prompts)
+        assert (es.cfg.mode, es.lowrank, es.cfg.master_device) == (mode, mode == "lowrank", "cpu")
+        assert all(t.master.device == CPU and not t.master.is_pinned() for t in es.tensors)
+
+
+def test_config_json_records_the_mode_that_ran(tmp_path, model_dir, capsys):
+    code, message = run_in_process("train.py", "--model", model_dir, "--mode", "auto", "--steps", 1, "--population", 2,
+                                   "--prompts-per-step", 2, "--eval-problems", 2, "--final-samples", 1,
+                                   "--eval-every", 0, "--out", tmp_path)
+    assert code == 0, capsys.readouterr().err + message
+    config = json.loads((tmp_path / "es-arithmetic-seed0" / "config.json").read_text())
+    assert (config["es"]["mode"], config["es"]["master_device"]) == ("lowrank", "cpu")
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_masters_on_cuda_restore_and_update_like_pinned_host_masters(tiny_model_dir):
+    runs = {}
+    for where in ("cuda", "cpu"):
+        es = make_es(tiny_model_dir, device="cuda", master_device=where)
+        assert all(t.master.device.type == where for t in es.tensors)
+        assert where == "cuda" or all(t.master.is_pinned() for t in es.tensors)
+        before = [t.param.detach().clone() for t in es.tensors]
+        for seed, sign in member_seeds(5, 10, antithetic=True):
+            for t in es.tensors:
+                t.perturbed(seed, sign, sigma=0.01)
+            for t in es.tensors:
+                t.clean()
+        assert all(torch.equal(b, t.param) for b, t in zip(before, es.tensors))
+        fake = iter([0.0, 1.0, 3.0, 2.0])
+        es.score = lambda problems, prompts, seed: (np.full(len(problems), next(fake)), np.zeros(len(problems), bool),
+                                                    10, ["7"] * len(problems))
+        log = es.step(Arithmetic(test_size=50).train_problems(8, seed=0), seed=11)
+        state = es.state_dict()
+        assert all(m.device == CPU for m in state["master"] + state["theta0"])
+        runs[where] = (log["drift"], state["master"], [t.param.detach().cpu() for t in es.tensors])
+    (drift_a, masters_a, params_a), (drift_b, masters_b, params_b) = runs.values()
+    assert drift_a == drift_b and drift_a > 0
+    assert all(torch.equal(a, b) for a, b in zip(masters_a + params_a, masters_b + params_b))
