@@ -2,6 +2,7 @@
 entropy, length.
 
     python eval.py                                   # the shipped model on the default task
+    python eval.py --task countdown                  # the shipped Countdown model on Countdown
     python eval.py --model out/es-arithmetic-seed0/step-000140 --n 32 --k 1 4 16 32 --out results.json
     python eval.py --model Qwen/Qwen2.5-0.5B-Instruct --task gsm8k --data gsm8k_test.jsonl --n 4 --k 1 4
 """
@@ -13,7 +14,7 @@ from dataclasses import dataclass
 from minies import ArgumentParser, UserError, check_writable, run_script
 from minies.config import ModelOptions, TaskOptions, add_arguments, checked, from_args, option
 from minies.evaluate import evaluate
-from minies.models import load_config, load_model, load_tokenizer, prompt_style_for
+from minies.models import default_model, load_config, load_model, load_tokenizer, prompt_style_for
 from minies.tasks import get_task
 
 
@@ -35,6 +36,7 @@ def main(argv=None):
     ap = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_arguments(ap, EvalConfig, "evaluation")
     cfg = from_args(EvalConfig, ap.parse_args(argv))
+    cfg.model = cfg.model or default_model(cfg.task)
     too_big = [k for k in cfg.k if k > cfg.n]
     if too_big:
         raise UserError(f"--k {' '.join(map(str, too_big))}: pass@k needs n >= k samples; raise --n to {max(too_big)}")

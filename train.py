@@ -2,6 +2,7 @@
 
     python train.py                              # ES on the shipped tiny model, default task
     python train.py --algo grpo                  # GRPO
+    python train.py --task countdown             # ES on the shipped Countdown model
     python train.py --algo grpo --help           # the flags of one algorithm
     python train.py --model Qwen/Qwen2.5-0.5B-Instruct --dtype bfloat16 --task countdown --recipe qiu2025
     torchrun --nproc_per_node 2 train.py ...     # several processes (gloo on CPU, nccl on CUDA)
@@ -24,7 +25,7 @@ from minies import ArgumentParser, UserError, check_writable, checkpoint, distri
 from minies.config import ModelOptions, TaskOptions, add_arguments, from_args, option
 from minies.guard import Diverged, check_finite_weights
 from minies.evaluate import evaluate
-from minies.models import load_config, load_model, load_tokenizer, prompt_style_for
+from minies.models import default_model, load_config, load_model, load_tokenizer, prompt_style_for
 from minies.recipes import RECIPES
 from minies.recipes import describe as describe_recipes
 from minies.tasks import get_task
@@ -87,6 +88,7 @@ def parse_args(argv):
         names = {f.name for config in (TrainConfig, table[algo][0]) for f in dataclasses.fields(config)}
         parser.set_defaults(**{name: value for name, value in recipe.values.items() if name in names})
     args = parser.parse_args(argv)
+    args.model = args.model or default_model(args.task)  # resolved here, so config.json records the path
     return from_args(TrainConfig, args), from_args(table[algo][0], args), table[algo][1]
 
 

@@ -7,7 +7,7 @@ import argparse
 import dataclasses
 import math
 
-from minies.models import DTYPES, SHIPPED_MODEL
+from minies.models import DTYPES
 from minies.tasks import DEFAULT_TASK, TASKS
 
 # check -> (what a valid value is, for floats and for ints; the test). The test sees a float or an int.
@@ -71,7 +71,8 @@ def from_args(config_class, args):
 
 @dataclasses.dataclass
 class ModelOptions:
-    model: str = option(SHIPPED_MODEL, "hub id or local directory of a causal LM (default: the shipped tiny model)")
+    model: str = option(None, "hub id or local directory of a causal LM (None: the shipped tiny model for --task: "
+                        "minies/assets/tiny-countdown for countdown, minies/assets/tiny otherwise)")
     dtype: str = option("float32", "weights dtype", choices=list(DTYPES))
     load_in_8bit: bool = option(False, "load the linear layers in 8-bit (bitsandbytes LLM.int8)")
     chat_template: bool = option(True, "wrap questions in the tokenizer's chat template when it has one")

@@ -1,7 +1,8 @@
-"""Build the shipped tiny model: a character tokenizer, a small Qwen2 decoder, and a supervised warm
-start on the default task's reference solutions.
+"""Build a shipped tiny model: a character tokenizer, a small Qwen2 decoder, and a supervised warm
+start on a task's reference solutions.
 
     python -m minies.make_tiny            # rewrites minies/assets/tiny (deterministic from --seed)
+    python -m minies.make_tiny --task countdown --steps 3000 --eval-every 100   # minies/assets/tiny-countdown
 
 The warm start is stopped early on purpose, as soon as held-out pass@1 at temperature 1 reaches
 --stop-at-pass1 (20%): the model knows the answer format, often has the right answer among its
@@ -10,6 +11,9 @@ Around that point the model is learning fast (it is "getting" the carry), which 
 small push from RL shows. The evaluation is seeded, so the stopping step is deterministic too.
 """
 import argparse
+import dataclasses
+import random
+import statistics
 import string
 import time
 from dataclasses import dataclass
@@ -20,15 +24,17 @@ from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
 
 from minies.config import add_arguments, from_args, option
 from minies.evaluate import evaluate
-from minies.models import SHIPPED_MODEL
+from minies.models import SHIPPED_MODELS
 from minies.rollout import format_prompts
-from minies.tasks import Arithmetic
+from minies.tasks import Arithmetic, Countdown, solutions
 
 SPECIAL = ["<pad>", "<eos>", "<unk>"]
 WORDS = ["<answer>", "</answer>", "<|user|>", "<|assistant|>"]  # single tokens, kept when decoding
 # The terse prompts it is trained on, and ES perturbing only the embeddings and the first block, where
 # nearly all of this model's reward gradient lies (docs/tiny-model.md).
 SHIPPED_DEFAULTS = {"prompt_style": "terse", "es_params": r"embed_tokens|layers\.0\."}
+# The Countdown model: terse prompts, and ES perturbing every weight (docs/tiny-model.md).
+COUNTDOWN_DEFAULTS = {"prompt_style": "terse", "es_params": ".*", "task": "countdown"}
 CHAT_TEMPLATE = ("{% for m in messages %}<|user|>{{ m['content'] }}{% endfor %}"
                  "{% if add_generation_prompt %}<|assistant|>{% endif %}")
 
@@ -48,7 +54,7 @@ def build_tokenizer():
     return tok
 
 
-def build_model(tok, hidden, layers, seed):
+def build_model(tok, hidden, layers, seed, defaults=SHIPPED_DEFAULTS):
     torch.manual_seed(seed)
     config = Qwen2Config(vocab_size=len(tok), hidden_size=hidden, intermediate_size=4 * hidden,
                          num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2,
@@ -56,7 +62,7 @@ def build_model(tok, hidden, layers, seed):
                          eos_token_id=tok.eos_token_id, bos_token_id=None)
     # What minies should assume for this model unless told otherwise (minies.models.model_defaults); saved in
     # config.json, so every checkpoint trained from it keeps them.
-    config.minies_defaults = SHIPPED_DEFAULTS
+    config.minies_defaults = defaults
     return Qwen2ForCausalLM(config)
 
 
@@ -77,7 +83,8 @@ def sft_batch(tok, task, problems):
 
 @dataclass
 class TinyConfig:
-    out: str = option(SHIPPED_MODEL, "output directory (the shipped model's)")
+    task: str = option("arithmetic", "the task to warm-start on", choices=sorted(SHIPPED_MODELS))
+    out: str = option(None, "output directory (None: the shipped model of --task, minies.models.SHIPPED_MODELS)")
     seed: int = option(0, "seed for weights and data")
     hidden: int = option(128, "hidden size")
     layers: int = option(4, "number of decoder layers")
@@ -108,6 +115,27 @@ def sft(model, tok, task, problems, batch, lr, warmup=1, after_step=None):
     model.eval()
 
 
+def varied_references(problems, seed):
+    """Countdown problems, each with one of its distinct correct expressions (brute force, `solutions`)
+    drawn at random as its reference, so that SFT teaches several ways to reach a target, not only the
+    generator's; and the number of distinct solutions of each problem."""
+    rng, known = random.Random(seed), {}  # problems repeat often in a large draw: solve each once
+    out, counts = [], []
+    for p in problems:
+        key = (p.numbers, p.answer)
+        texts = known[key] = known.get(key) or sorted(solutions(p.numbers, int(p.answer)).values())
+        out.append(dataclasses.replace(p, reference=rng.choice(texts)))
+        counts.append(len(texts))
+    return out, counts
+
+
+def describe_counts(counts):
+    """One line on the number of distinct correct expressions per problem."""
+    return (f"{len(counts)} problems, distinct correct expressions per problem: mean {statistics.mean(counts):.2f}, "
+            f"median {statistics.median(counts):g}, max {max(counts)}, "
+            f"share with >= 2 {sum(c >= 2 for c in counts) / len(counts):.1%}")
+
+
 def save(model, tok, out):
     model.generation_config.top_k = None  # sample from the full distribution by default
     model.save_pretrained(out)
@@ -120,9 +148,10 @@ def main(argv=None):
     args = from_args(TinyConfig, parser.parse_args(argv))
 
     start = time.time()
-    task = Arithmetic()
+    countdown = args.task == "countdown"
+    task = Countdown() if countdown else Arithmetic()
     tok = build_tokenizer()
-    model = build_model(tok, args.hidden, args.layers, args.seed)
+    model = build_model(tok, args.hidden, args.layers, args.seed, COUNTDOWN_DEFAULTS if countdown else SHIPPED_DEFAULTS)
     print(f"{sum(p.numel() for p in model.parameters()) / 1e6:.2f}M parameters")
 
     def report(step, loss):
@@ -137,12 +166,17 @@ def main(argv=None):
               f"({time.time() - start:.0f}s)", flush=True)
         return m["pass@1"] >= args.stop_at_pass1 > 0
 
+    problems = task.train_problems(args.steps * args.batch, seed=args.seed)
+    if countdown:
+        problems, counts = varied_references(problems, args.seed)
+        print("train:", describe_counts(counts))
+        print("test: ", describe_counts(varied_references(task.test_problems(), args.seed)[1]), flush=True)
     # Constant after warmup, no decay: the run is stopped mid-way on purpose, while the model is still
     # improving fast, so that RL starts from a model that is close to getting many answers right.
-    sft(model, tok, task, task.train_problems(args.steps * args.batch, seed=args.seed), args.batch, args.lr,
-        warmup=max(1, args.steps // 20), after_step=report)
-    save(model, tok, args.out)
-    print(f"saved to {args.out} in {time.time() - start:.0f}s")
+    sft(model, tok, task, problems, args.batch, args.lr, warmup=max(1, args.steps // 20), after_step=report)
+    out = args.out or SHIPPED_MODELS[args.task]
+    save(model, tok, out)
+    print(f"saved to {out} in {time.time() - start:.0f}s")
 
 
 if __name__ == "__main__":

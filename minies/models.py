@@ -1,5 +1,6 @@
 """Loading causal language models and their tokenizers: a hub id or a local directory,
 float32 / bfloat16 / float16, or LLM.int8 through bitsandbytes (on CUDA and on CPU)."""
+import json
 import logging
 import os
 
@@ -10,6 +11,9 @@ import transformers
 from minies import UserError
 
 SHIPPED_MODEL = os.path.join(os.path.dirname(__file__), "assets", "tiny")
+# The shipped model trained on each task (docs/tiny-model.md); any other task uses SHIPPED_MODEL.
+SHIPPED_MODELS = {"arithmetic": SHIPPED_MODEL,
+                  "countdown": os.path.join(os.path.dirname(__file__), "assets", "tiny-countdown")}
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 # Loading and saving bars of transformers would clutter our own progress bars.
@@ -25,6 +29,11 @@ logging.getLogger("bitsandbytes").setLevel(logging.ERROR)
 # full instructions, with ES perturbing every weight as the papers do. A model can name its own in a
 # "minies_defaults" entry of its config.json, as the shipped tiny model does.
 MODEL_DEFAULTS = {"prompt_style": "instruct", "es_params": ".*"}
+
+
+def default_model(task):
+    """The model used when --model is not given: the shipped model trained on `task`, else SHIPPED_MODEL."""
+    return SHIPPED_MODELS.get(task, SHIPPED_MODEL)
 
 
 def model_defaults(config):
@@ -62,11 +71,18 @@ def _check_source(name):
 def load_tokenizer(name=SHIPPED_MODEL):
     """The tokenizer, set up for batched generation with a decoder-only model: left padding, and a
     pad token (the EOS token when the model defines none, as Llama does)."""
-    from transformers import AutoTokenizer
+    from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
     _check_source(name)
+    path = os.path.expanduser(name)
+    # A local tokenizer.json saved as a plain fast tokenizer (the shipped models' character tokenizer) is
+    # loaded as it is: AutoTokenizer would make it a Qwen2Tokenizer for a qwen2 config, whose byte-level
+    # pre-tokenizer drops spaces ("Use 3 7" would lose them).
+    config_file = os.path.join(path, "tokenizer_config.json")
+    plain = os.path.isfile(config_file) and json.load(open(config_file)).get("tokenizer_class") in (
+        "TokenizersBackend", "PreTrainedTokenizerFast")
     try:
-        tok = AutoTokenizer.from_pretrained(os.path.expanduser(name))
+        tok = (PreTrainedTokenizerFast if plain else AutoTokenizer).from_pretrained(path)
     except Exception as e:  # network, missing files, bad id: one line for the user
         raise UserError(f"--model {name}: cannot load its tokenizer ({type(e).__name__}: {str(e).splitlines()[0]})")
     tok.padding_side = "left"

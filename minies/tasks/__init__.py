@@ -6,7 +6,8 @@ from minies import UserError
 from minies.tasks.arithmetic import Arithmetic
 from minies.tasks.base import (ANSWER_TAG, FORMAT_BONUS, PROMPT_STYLES, Problem, Score, SolvedProblem, Task,
                                last_answer_tag, make_score)
-from minies.tasks.countdown import Countdown, CountdownProblem, parse_expression, random_expression
+from minies.tasks.countdown import (Countdown, CountdownProblem, parse_expression, random_expression, solutions,
+                                   solvable)
 from minies.tasks.gsm8k import BOXED, GSM8K, GSM8K_NUMBER
 
 TASKS = {"arithmetic": Arithmetic, "countdown": Countdown, "gsm8k": GSM8K}
@@ -14,7 +15,7 @@ DEFAULT_TASK = "arithmetic"
 
 __all__ = ["ANSWER_TAG", "BOXED", "DEFAULT_TASK", "FORMAT_BONUS", "GSM8K", "GSM8K_NUMBER", "PROMPT_STYLES", "TASKS",
            "Arithmetic", "Countdown", "CountdownProblem", "Problem", "Score", "SolvedProblem", "Task", "get_task",
-           "last_answer_tag", "make_score", "parse_expression", "random_expression"]
+           "last_answer_tag", "make_score", "parse_expression", "random_expression", "solutions", "solvable"]
 
 
 def get_task(name=DEFAULT_TASK, seed=0, data=None, prompt_style="terse", max_new_tokens=None, lenient_answers=False):

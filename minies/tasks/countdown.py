@@ -115,12 +115,95 @@ def random_expression(rng, numbers):
     a, a_text, a_prec = random_expression(rng, numbers[:split])
     b, b_text, b_prec = random_expression(rng, numbers[split:])
     op = rng.choice("+-*/" if b else "+-*")
+    return (OPS[op](a, b), *join(a_text, a_prec, op, b_text, b_prec))
+
+
+def join(a_text, a_prec, op, b_text, b_prec):
+    """(text, precedence) of `a op b` from its operands' texts and precedences (1: + -, 2: * /, 3: a
+    number), with parentheses only where precedence needs them."""
     prec = 1 if op in "+-" else 2
     if a_prec < prec:
         a_text = f"({a_text})"
     if b_prec < prec or (b_prec == prec and op in "-/"):  # a-(b+c) and a/(b*c) need them, a+(b-c) not
         b_text = f"({b_text})"
-    return OPS[op](a, b), f"{a_text}{op}{b_text}", prec
+    return f"{a_text}{op}{b_text}", prec
+
+
+def solutions(numbers, target):
+    """Every distinct correct expression for a Countdown problem, by brute force: {canonical form: text}.
+
+    All expressions that use each of `numbers` exactly once with + - * / and parentheses (every binary tree
+    over every ordering) are evaluated exactly (Fractions; intermediate values may be negative or
+    fractional, as the verifier allows; division by zero has no value). Two correct expressions are the
+    same solution when their canonical forms are equal. The canonical form flattens chains of + and -
+    into one sum of signed terms and chains of * and / into one product of factors over divisors, then
+    sorts each part, so it is blind to
+      - the order of operands of + and * (3*7+12 = 12+7*3),
+      - grouping (3+(7+12) = (3+7)+12, a/(b*c) = a/b/c),
+      - moving a sign or a division across parentheses (a-(b-c) = a-b+c, a/(b/c) = a*c/b),
+      - which of two equal numbers goes where.
+    Everything else counts as distinct, such as 2+2 and 2*2, or x*1 and x/1. The text is the shortest expression with that form (the
+    first met among equally short ones), with parentheses only where precedence needs them.
+    """
+    return {key: text for key, (value, text, _, _) in _expressions(numbers, Fraction(target)).items()}
+
+
+def solvable(numbers, target):
+    """Whether some expression over `numbers` (each exactly once) equals `target`."""
+    return bool(_expressions(numbers, Fraction(target)))
+
+
+def _expressions(numbers, target):
+    """{canonical form: (value, text, precedence, (kind, parts))} of all expressions over `numbers` that
+    equal `target`. Built bottom-up over subsets of the numbers: every expression over a subset splits at
+    its last operation into expressions over two disjoint parts, and expressions whose canonical forms are
+    equal combine into equal forms, so each subset keeps one expression per form."""
+    full = (1 << len(numbers)) - 1
+    table = {1 << i: {str(n): (Fraction(n), str(n), 3, ("n", (str(n),), ()))} for i, n in enumerate(numbers)}
+    for mask in sorted(range(1, full + 1), key=lambda m: bin(m).count("1")):
+        if mask in table:
+            continue
+        found = table[mask] = {}
+        sub = (mask - 1) & mask
+        while sub:
+            rest = mask ^ sub
+            if sub < rest:  # each unordered split once; both orders are tried below
+                for a in table[sub].values():
+                    for b in table[rest].values():
+                        for x, y in ((a, b), (b, a)):
+                            for op in "+-*/" if x is a else "-/":  # + and * commute: once is enough
+                                if op == "/" and not y[0]:
+                                    continue
+                                value = OPS[op](x[0], y[0])
+                                if mask == full and value != target:
+                                    continue
+                                key, shape = _canonical(x[3], y[3], op)
+                                text, prec = join(x[1], x[2], op, y[1], y[2])
+                                if key not in found or len(text) < len(found[key][1]):
+                                    found[key] = (value, text, prec, shape)
+            sub = (sub - 1) & mask
+    # The loop above filters what it combines; a single number is not combined.
+    return {key: found for key, found in table[full].items() if found[0] == target}
+
+
+def _canonical(a, b, op):
+    """The canonical form of `a op b` from its operands' shapes (kind, plus parts, minus parts): a sum
+    "(p+q-r)" or a product "(p*q/r)" of sorted parts, flattened through operands of the same kind."""
+    kind = "+" if op in "+-" else "*"
+    a_plus, a_minus = a[1:] if a[0] == kind else ((_key(a),), ())
+    b_plus, b_minus = b[1:] if b[0] == kind else ((_key(b),), ())
+    inverse = op in "-/"
+    plus = tuple(sorted(a_plus + (b_minus if inverse else b_plus)))
+    minus = tuple(sorted(a_minus + (b_plus if inverse else b_minus)))
+    shape = (kind, plus, minus)
+    return _key(shape), shape
+
+
+def _key(shape):
+    kind, plus, minus = shape
+    if kind == "n":
+        return plus[0]
+    return "(" + kind.join(plus) + "".join(("-" if kind == "+" else "/") + m for m in minus) + ")"
 
 
 def parse_expression(text, max_chars, max_depth):

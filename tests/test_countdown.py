@@ -1,0 +1,79 @@
+"""Countdown's brute force (distinct solutions, solvability), the varied references of the Countdown warm
+start, the shipped Countdown model, and --task countdown choosing it when no --model is given."""
+import os
+
+import pytest
+
+import train
+from conftest import run_in_process
+from minies.evaluate import evaluate
+from minies.make_tiny import varied_references
+from minies.models import SHIPPED_MODEL, SHIPPED_MODELS, load_model, load_tokenizer
+from minies.tasks import Countdown, solutions, solvable
+
+COUNTDOWN_MODEL = SHIPPED_MODELS["countdown"]
+needs_model = pytest.mark.skipif(not os.path.exists(os.path.join(COUNTDOWN_MODEL, "model.safetensors")),
+                                 reason="the shipped Countdown model is not built (docs/tiny-model.md)")
+
+
+# Canonical forms: a sum or product of sorted parts, flattened, minus parts after "-", divisors after "/".
+@pytest.mark.parametrize("numbers,target,expected", [
+    ([3, 7, 12], 33, {"((3*7)+12)"}),  # 12+7*3, (7*3)+12: the same
+    ([1, 2, 3], 6, {"(1+2+3)", "(1*2*3)", "(2*3/1)"}),  # 3/(1/2), 3*(2/1), 2/1*3: all (2*3/1)
+    ([2, 2], 4, {"(2+2)", "(2*2)"}),
+    ([5, 5, 3], 3, {"(3+5-5)", "(3*5/5)"}),  # 3-(5-5) is 5-5+3; 3/(5/5) is 5/5*3
+    ([3, 4, 8], 6, {"(3*8/4)"}),  # 8/(4/3) too, through the fraction 4/3
+    ([1, 2], 3, {"(1+2)"}),
+    ([7], 7, {"7"}),
+])
+def test_distinct_solutions_hand_counted(numbers, target, expected):
+    found = solutions(numbers, target)
+    assert set(found) == expected
+    task = Countdown(test_size=1)
+    problem = task.make_problem(numbers, target)
+    assert all(task.score(f"<answer>{text}</answer>", problem).correct for text in found.values())
+
+
+def test_solvable():
+    assert solvable([3, 7, 12], 33) and solvable([3, 4, 8], 6)
+    assert not solvable([1, 1, 1], 100) and not solvable([7], 8) and not solvable([2, 2], 5)
+
+
+@pytest.mark.parametrize("count,size", [(3, 300), (4, 40)])
+def test_generated_problems_are_solvable_and_splits_apart(count, size):
+    task = Countdown(test_size=size, count=count)
+    test = task.test_problems()
+    assert all(solvable(p.numbers, int(p.answer)) for p in test)
+    train_questions = {p.question for p in task.train_problems(2000, seed=1)}
+    assert not train_questions & {p.question for p in test}
+
+
+def test_varied_references_are_correct_and_varied():
+    task = Countdown(test_size=1)
+    problems, counts = varied_references([task.make_problem([1, 2, 3], 6)] * 30 + task.test_problems(), seed=0)
+    assert counts[0] == 3 and all(c >= 1 for c in counts)
+    assert all(task.score(task.solution(p), p).correct for p in problems)
+    assert len({p.reference for p in problems[:30]}) == 3  # each of the three ways is drawn
+
+
+def test_countdown_task_selects_the_countdown_model():
+    assert train.parse_args(["--task", "countdown"])[0].model == COUNTDOWN_MODEL
+    assert train.parse_args([])[0].model == SHIPPED_MODEL
+    assert train.parse_args(["--task", "gsm8k"])[0].model == SHIPPED_MODEL
+    assert train.parse_args(["--task", "countdown", "--model", "x"])[0].model == "x"
+
+
+@needs_model
+def test_eval_countdown_uses_the_countdown_model(capsys, one_thread):
+    code, _ = run_in_process("eval.py", "--task", "countdown", "--problems", "2", "--n", "1", "--k", "1")
+    assert code == 0
+    assert capsys.readouterr().out.startswith(f"{COUNTDOWN_MODEL} on countdown")
+
+
+@needs_model
+def test_countdown_model_solves_some_held_out_problems(one_thread):
+    model, tok = load_model(COUNTDOWN_MODEL, device="cpu"), load_tokenizer(COUNTDOWN_MODEL)
+    assert model.config.minies_defaults["task"] == "countdown"
+    task = Countdown(prompt_style=model.config.minies_defaults["prompt_style"])
+    m = evaluate(model, tok, task, task.test_problems()[:40], n=4, ks=(1, 4))
+    assert m["pass@4"] > 0 and m["malformed_rate"] < 0.5
