@@ -68,6 +68,15 @@ def _check_source(name):
         raise UserError(f"--model {name}: no such directory; give a local model directory or a hub id")
 
 
+def tokenizer_class(path):
+    """The tokenizer class a local model directory's tokenizer_config.json names, or None."""
+    config_file = os.path.join(path, "tokenizer_config.json")
+    if not os.path.isfile(config_file):
+        return None
+    with open(config_file) as f:
+        return json.load(f).get("tokenizer_class")
+
+
 def load_tokenizer(name=SHIPPED_MODEL):
     """The tokenizer, set up for batched generation with a decoder-only model: left padding, and a
     pad token (the EOS token when the model defines none, as Llama does)."""
@@ -78,9 +87,7 @@ def load_tokenizer(name=SHIPPED_MODEL):
     # A local tokenizer.json saved as a plain fast tokenizer (the shipped models' character tokenizer) is
     # loaded as it is: AutoTokenizer would make it a Qwen2Tokenizer for a qwen2 config, whose byte-level
     # pre-tokenizer drops spaces ("Use 3 7" would lose them).
-    config_file = os.path.join(path, "tokenizer_config.json")
-    plain = os.path.isfile(config_file) and json.load(open(config_file)).get("tokenizer_class") in (
-        "TokenizersBackend", "PreTrainedTokenizerFast")
+    plain = tokenizer_class(path) in ("TokenizersBackend", "PreTrainedTokenizerFast")
     try:
         tok = (PreTrainedTokenizerFast if plain else AutoTokenizer).from_pretrained(path)
     except Exception as e:  # network, missing files, bad id: one line for the user
