@@ -60,9 +60,8 @@ class Countdown(Task):
 
     def make_problem(self, numbers, target, reference=None):
         numbers = tuple(numbers)
-        listed = " ".join(map(str, numbers))
         if self.prompt_style == "terse":
-            question = f"Use {listed} to make {target}"
+            question = f"Use {' '.join(map(str, numbers))} to make {target}"
         else:
             question = (f"Using the numbers [{', '.join(map(str, numbers))}], create an equation that equals {target}. "
                         "You can use +, -, *, / and parentheses, and each number must be used exactly once. Show "
@@ -142,8 +141,9 @@ def solutions(numbers, target):
       - grouping (3+(7+12) = (3+7)+12, a/(b*c) = a/b/c),
       - moving a sign or a division across parentheses (a-(b-c) = a-b+c, a/(b/c) = a*c/b),
       - which of two equal numbers goes where.
-    Everything else counts as distinct, such as 2+2 and 2*2, or x*1 and x/1. The text is the shortest expression with that form (the
-    first met among equally short ones), with parentheses only where precedence needs them.
+    Everything else counts as distinct, such as 2+2 and 2*2, or x*1 and x/1. The text is the shortest
+    expression with that form (the first met among equally short ones), with parentheses only where
+    precedence needs them.
     """
     return {key: text for key, (value, text, _, _) in _expressions(numbers, Fraction(target)).items()}
 
