@@ -25,7 +25,7 @@ from minies import ArgumentParser, UserError, check_writable, checkpoint, distri
 from minies.config import ModelOptions, TaskOptions, add_arguments, from_args, option
 from minies.guard import Diverged, check_finite_weights
 from minies.evaluate import evaluate
-from minies.models import default_model, load_config, load_model, load_tokenizer, prompt_style_for
+from minies.models import default_model, load_config, load_model, load_tokenizer, model_defaults, prompt_style_for
 from minies.recipes import RECIPES
 from minies.recipes import describe as describe_recipes
 from minies.tasks import get_task
@@ -49,7 +49,8 @@ class TrainConfig(TaskOptions, ModelOptions):
     algo: str = option("es", "training algorithm", choices=["es", "grpo", "b3po", "m3po", "c3po"])
     recipe: str = option(None, "a paper's hyper-parameters in one flag (listed below); explicit flags still win",
                          choices=sorted(RECIPES))
-    steps: int = option(None, "training steps (default: the algorithm's own, sized for the shipped model)",
+    steps: int = option(None, "training steps (default: the algorithm's own, sized for the shipped model, or what "
+                        "the model's config.json names for it)",
                         check="positive")
     seed: int = option(0, "seed for prompts, sampling and noise", check="non_negative")
     out: str = option("out", "directory for run directories")
@@ -67,8 +68,8 @@ class TrainConfig(TaskOptions, ModelOptions):
 def parse_args(argv):
     # Two passes: --recipe and --algo decide which flags exist and their defaults (--help shows only those).
     pre = argparse.ArgumentParser(add_help=False)
-    pre.add_argument("--algo")
-    pre.add_argument("--recipe")
+    for flag in ("--algo", "--recipe", "--model", "--task"):
+        pre.add_argument(flag)
     known = pre.parse_known_args(argv)[0]
     recipe = RECIPES.get(known.recipe)
     if known.recipe is not None and recipe is None:
@@ -84,12 +85,28 @@ def parse_args(argv):
     add_arguments(parser, TrainConfig, "training")
     add_arguments(parser, table[algo][0], f"{algo} (see minies/{table[algo][1].__module__.split('.')[-1]}.py)")
     parser.set_defaults(algo=algo)
+    # Defaults, weakest first: the dataclasses', the model's own settings for this algorithm (a shipped model
+    # names those tuned on it), the recipe's; explicit flags win over all.
+    names = {f.name for config in (TrainConfig, table[algo][0]) for f in dataclasses.fields(config)}
+    tuned = algorithm_defaults(known.model or default_model(known.task or TrainConfig.task), algo)
+    parser.set_defaults(**{name: value for name, value in tuned.items() if name in names})
     if recipe:
-        names = {f.name for config in (TrainConfig, table[algo][0]) for f in dataclasses.fields(config)}
         parser.set_defaults(**{name: value for name, value in recipe.values.items() if name in names})
     args = parser.parse_args(argv)
     args.model = args.model or default_model(args.task)  # resolved here, so config.json records the path
     return from_args(TrainConfig, args), from_args(table[algo][0], args), table[algo][1]
+
+
+def algorithm_defaults(model, algo):
+    """The settings a local model directory's config.json names for `algo` (minies_defaults.algorithms;
+    models.py), {} for none. Only local: parsing flags (and --help) never waits on the network, and a model
+    whose config cannot be read gets none here: main() then reports why it cannot be loaded."""
+    if not os.path.isdir(os.path.expanduser(model)):
+        return {}
+    try:
+        return model_defaults(load_config(model)).get("algorithms", {}).get(algo, {})
+    except UserError:
+        return {}
 
 
 def heldout(model, tok, task, cfg, n, progress=False):

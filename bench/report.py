@@ -51,7 +51,9 @@ def write_markdown(results, path):
     cfg, summary = results["config"], results["summary"]
     methods = ordered(summary)
     ks = sorted(int(k[len("pass@"):]) for k in summary["start"] if k.startswith("pass@"))
-    lines = [f"# Reproducing the papers' findings on `{cfg['model']}`", "",
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    model = os.path.relpath(cfg["model"], root) if cfg["model"].startswith(root + os.sep) else cfg["model"]
+    lines = [f"# Reproducing the papers' findings on `{model}`, task {cfg.get('task', 'arithmetic')}", "",
              f"Seeds 0..{cfg['seeds'] - 1}; every run generated {cfg['tokens']} training tokens (a sequential run half "
              f"in each stage); held-out evaluation on {cfg['problems']} problems × {cfg['samples']} samples at "
              f"temperature 1 (pass@k, unbiased estimator), plus greedy decoding. Mean ± sample std over seeds; "
@@ -66,6 +68,19 @@ def write_markdown(results, path):
             for m in methods]
     lines += table(["method", "tokens", "steps", *[f"pass@{k}" for k in ks], "greedy", "entropy", "malformed",
                     "drift ‖θ−θ0‖"], rows)
+
+    space = results.get("solution_space")
+    if space and space["mean"] > 1:
+        lines += ["", "## Coverage of the solution space", "",
+                  f"The {cfg['problems']} held-out problems have {space['mean']:.2f} distinct correct expressions "
+                  f"each on average (brute force, `minies.tasks.countdown.solutions`), and {space['multi'] * 100:.1f}% "
+                  f"have two or more. Of the {cfg['samples']} samples per problem: the distinct correct expressions "
+                  "found per solved problem, and the share of all of that problem's solutions they are (mean over "
+                  "solved problems).", ""]
+        lines += table(["method", "solved (%)", "distinct correct per solved problem", "share of its solutions (%)"],
+                       [[label(m), fmt(summary[m].get(f"pass@{cfg['samples']}"), True),
+                         fmt(summary[m].get("distinct_correct")), fmt(summary[m].get("solution_coverage"), True)]
+                        for m in methods])
 
     keeps = keep_fractions(summary)
     lines += ["", "## Functional sparsity", "",
@@ -262,6 +277,18 @@ def plot(results, out):
                     color=f"C{i}", label=f"{names}: {key}")
     finish(ax, "zero-advantage rescue per quarter of training (mean over seeds)", "step", "prompts per quarter")
     save(fig, "rescue.png")
+
+    if "distinct_correct" in summary["start"] and results.get("solution_space", {}).get("mean", 1) > 1:
+        methods = ordered(summary)
+        fig, ax = plt.subplots(figsize=(7, 4))
+        stats = [summary[m]["distinct_correct"] for m in methods]
+        ax.bar(range(len(methods)), [s["mean"] for s in stats], yerr=[s["std"] for s in stats], capsize=3,
+               color=[color[m] for m in methods])
+        ax.set_xticks(range(len(methods)), [label(m) for m in methods], rotation=30, ha="right")
+        ax.set_ylim(bottom=1)
+        finish(ax, f"distinct correct expressions per solved problem ({results['config']['samples']} samples)", "",
+               "distinct correct expressions")
+        save(fig, "solutions.png")
 
     fig, ax = plt.subplots(figsize=(6, 4))
     for m in ("es", "grpo"):

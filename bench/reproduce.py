@@ -2,6 +2,11 @@
 
     python -m bench.reproduce --quick            # a smoke run of every stage: under a minute on one core
     python -m bench.reproduce --out results      # the full run: 37 min on 2 cores (plan and estimate printed first)
+    python -m bench.reproduce --task countdown --out results/countdown    # the same on Countdown: 64 min
+
+On Countdown, a problem may have several correct expressions, so the final evaluations also count the
+distinct correct ones that the samples find per solved problem (Score.solution, minies/evaluate.py), and
+the report sets them against how many each problem has.
 
 ES, GRPO, GRPO-hot (GRPO sampling its training rollouts at --hot-temperature, 1.2) and C3PO train for
 seeds 0..S-1 on an equal budget of generated tokens, and so do GRPO→ES and ES→GRPO (half the budget in
@@ -47,10 +52,9 @@ from minies import ArgumentParser, UserError, checkpoint, run_script
 from minies.analysis import drift, rank_correlation, rescue_counts, sparsified
 from minies.config import TaskOptions, add_arguments, from_args, option, option_of
 from minies.evaluate import evaluate
-from minies.es import ESConfig
 from minies.grpo import GRPOConfig
-from minies.models import SHIPPED_MODEL, load_model, load_tokenizer, prompt_style_for
-from minies.tasks import DEFAULT_TASK, get_task
+from minies.models import default_model, load_config, load_model, load_tokenizer, prompt_style_for
+from minies.tasks import get_task
 
 SEQUENTIAL = (("grpo", "es"), ("es", "grpo"))
 KEEP_FRACTIONS = (0.0, 0.01, 0.05, 0.10, 0.50, 1.0)  # 0 is the start model and 1 the trained one, exactly
@@ -59,17 +63,20 @@ HELDOUT_SAMPLES = 4  # samples per problem of train.py's evaluations during trai
 RESCUE_PAIRS = (("c3po", "grpo"), ("c3po", "grpo-hot"), ("grpo-hot", "grpo"))
 BUDGET_FRACTIONS = (0.0, 0.25, 0.5, 0.75, 1.0)  # where the summary reads the held-out malformed series
 
-# Planning constants: seconds per unit of work on the shipped model with one thread on a loaded 2-core
-# CPU. They only size the plan printed first and the first piece of each run (the second piece is sized
-# from the measured tokens per step). A C3PO step is planned at the slow end of its range, GRPO-hot as GRPO.
-GRPO_STEP_SECONDS = {"grpo": 0.35, "grpo-hot": 0.35, "c3po": 2.0}
-ES_MEMBER_SECONDS, ES_PROMPT_SECONDS = 0.055, 0.00058
-EVAL_SAMPLE_SECONDS = 0.002
+# Planning constants per task: seconds per unit of work on the task's shipped model with one thread on a
+# loaded 2-core CPU (a GRPO, GRPO-hot or C3PO step; one ES member's fixed cost and its cost per prompt; one
+# evaluation sample). They only size the plan printed first and the first piece of each run (the second
+# piece is sized from the measured tokens per step). A C3PO step is planned at the slow end of its range.
+Costs = namedtuple("Costs", "grpo c3po es_member es_prompt eval_sample")
+PLAN_SECONDS = {"arithmetic": Costs(grpo=0.35, c3po=2.0, es_member=0.055, es_prompt=0.00058, eval_sample=0.002),
+                "countdown": Costs(grpo=1.3, c3po=3.0, es_member=0.08, es_prompt=0.0025, eval_sample=0.003)}
 
 
 @dataclass
 class ReproduceConfig:
-    model: str = option(SHIPPED_MODEL, "the start model: hub id or local directory")
+    task: str = option("arithmetic", "the task (generated problems); the claims are the same on both, and "
+                       "countdown adds the coverage of the solution space", choices=["arithmetic", "countdown"])
+    model: str = option(None, "the start model: hub id or local directory (default: the shipped model for --task)")
     out: str = option("results", "output directory (results.json, results.md, plots, runs/)")
     prompt_style: str = option_of(TaskOptions, "prompt_style")
     quick: bool = option(False, "a smoke run: 1 seed, a tiny budget, few problems (changes the defaults below)")
@@ -91,6 +98,9 @@ class ReproduceConfig:
     evals_per_run: int = option(8, "evaluations during each training stage", check="positive")
 
 
+# Countdown's completions are ~10 tokens against arithmetic's ~4, and its model is 4× larger: a smaller
+# budget, fewer held-out problems and evaluations keep the full run within an hour on 2 cores.
+TASK_DEFAULTS = {"countdown": {"tokens": 100_000, "problems": 200, "eval_problems": 100, "evals_per_run": 4}}
 QUICK = {"seeds": 1, "tokens": 6000, "es_population": 8, "es_prompts": 16, "diversity_sigmas": "0.016",
          "problems": 20, "samples": 8, "sparsity_samples": 4, "eval_problems": 10, "evals_per_run": 2}
 
@@ -100,10 +110,14 @@ def parse_args(argv):
     pre = argparse.ArgumentParser(add_help=False)
     pre.add_argument("--quick", action="store_true")
     parser = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    pre.add_argument("--task", default=ReproduceConfig.task)
     add_arguments(parser, ReproduceConfig, "reproduce")
-    if pre.parse_known_args(argv)[0].quick:
+    known = pre.parse_known_args(argv)[0]
+    parser.set_defaults(**TASK_DEFAULTS.get(known.task, {}))
+    if known.quick:
         parser.set_defaults(**QUICK)
     cfg = from_args(ReproduceConfig, parser.parse_args(argv))  # the ranges are checked while parsing
+    cfg.model = cfg.model or default_model(cfg.task)
     es_sigmas(cfg)  # a malformed --diversity-sigmas fails here, before anything runs
     return cfg
 
@@ -116,7 +130,8 @@ def es_sigmas(cfg):
         sigmas = [0.0]
     if not all(s > 0 for s in sigmas):
         raise UserError(f"--diversity-sigmas {cfg.diversity_sigmas!r}: give positive numbers separated by commas")
-    return {"es": ESConfig().sigma, **{f"es-sigma{s:g}": s for s in sigmas}}
+    default = train.parse_args(["--algo", "es", "--task", cfg.task, "--model", cfg.model])[1].sigma  # the model's own
+    return {"es": default, **{f"es-sigma{s:g}": s for s in sigmas}}
 
 
 def method_flags(cfg):
@@ -126,7 +141,7 @@ def method_flags(cfg):
     flags = {"es": es, "grpo": ["--algo", "grpo"], "grpo-hot": ["--algo", "grpo", "--temperature", cfg.hot_temperature],
              "c3po": ["--algo", "c3po"]}
     flags.update({method: es + ["--sigma", sigma] for method, sigma in es_sigmas(cfg).items() if method != "es"})
-    return flags
+    return {method: f + ["--task", cfg.task] for method, f in flags.items()}
 
 
 def is_es(cfg, method):
@@ -141,9 +156,10 @@ def rollouts_per_step(cfg, method):
 
 
 def step_seconds(cfg, method):
+    costs = PLAN_SECONDS[cfg.task]
     if is_es(cfg, method):
-        return cfg.es_population * (ES_MEMBER_SECONDS + ES_PROMPT_SECONDS * cfg.es_prompts)
-    return GRPO_STEP_SECONDS[method]
+        return cfg.es_population * (costs.es_member + costs.es_prompt * cfg.es_prompts)
+    return costs.c3po if method == "c3po" else costs.grpo
 
 
 # label: "es", ..., "grpo-es"; run: label and seed; name: the stage's run directory under runs/;
@@ -173,7 +189,7 @@ def make_plan(cfg, mean_length):
                + cfg.seeds * 2 * len(KEEP_FRACTIONS) * cfg.problems * cfg.sparsity_samples
                + len(stages) * (cfg.evals_per_run + 2) * cfg.eval_problems * HELDOUT_SAMPLES)
     training = sum(s.steps * step_seconds(cfg, s.method) for s in stages)
-    return stages, training + samples * EVAL_SAMPLE_SECONDS
+    return stages, training + samples * PLAN_SECONDS[cfg.task].eval_sample
 
 
 def print_plan(cfg, stages, total_seconds, mean_length):
@@ -248,9 +264,19 @@ def load_weights(path, replace=None):
 def heldout(cfg, tok, model, seed, n):
     """Held-out metrics on the test split of `seed`'s task: the split the runs of that seed never
     trained on (train.py draws its training problems outside it), with pass@k for k = 1, 2, 4, .. n."""
-    task = get_task(DEFAULT_TASK, seed=seed, prompt_style=prompt_style_for(cfg.prompt_style, model.config))
+    task = get_task(cfg.task, seed=seed, prompt_style=prompt_style_for(cfg.prompt_style, model.config))
     ks = [2 ** i for i in range(n.bit_length())]
     return evaluate(model, tok, task, task.test_problems()[:cfg.problems], n=n, ks=ks, seed=0)
+
+
+def solution_space(cfg):
+    """How many distinct correct solutions the held-out problems have (mean over seeds' splits), and the share
+    of problems with two or more: the room there is for a method to find different ones."""
+    counts = []
+    for seed in range(cfg.seeds):
+        task = get_task(cfg.task, seed=seed, prompt_style=prompt_style_for(cfg.prompt_style, load_config(cfg.model)))
+        counts += [task.solution_count(p) for p in task.test_problems()[:cfg.problems]]
+    return {"mean": float(np.mean(counts)), "multi": float(np.mean([c > 1 for c in counts]))}
 
 
 def mean_std(values):
@@ -365,7 +391,7 @@ def main(argv=None):
             print(f"sparsifying {name}", flush=True)
             sparsity[name] = sparsity_ablation(cfg, tok, theta0, run)
 
-    results = {"config": dataclasses.asdict(cfg), "estimated_seconds": estimate,
+    results = {"config": dataclasses.asdict(cfg), "estimated_seconds": estimate, "solution_space": solution_space(cfg),
                "start": {f"seed{seed}": m for seed, m in start.items()}, "runs": runs, "sparsity": sparsity,
                "rescue": {f"{m}-vs-{b}": {f"seed{seed}": rescue(runs[f"{m}-seed{seed}"], runs[f"{b}-seed{seed}"])
                                           for seed in range(cfg.seeds)} for m, b in RESCUE_PAIRS},

@@ -71,6 +71,10 @@ def js_diversity(outcomes):
     if prompts == 0 or any(len(m) != prompts for m in outcomes):
         raise ValueError("every member needs outcomes on the same, non-empty list of prompts")
     total = 0.0
+    if all(len(m[j]) == 1 for m in outcomes for j in range(prompts)):  # greedy: each p_n is one label, H(p_n) = 0
+        for j in range(prompts):
+            total += _entropy_bits(Counter(m[j][0] for m in outcomes).values())
+        return max(0.0, total / prompts / math.log2(members))
     for j in range(prompts):
         distributions = [Counter(m[j]) for m in outcomes]
         if any(not d for d in distributions):

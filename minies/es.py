@@ -8,9 +8,12 @@ One step, with N members, noise scale σ and step size α (docs/papers.md, "ES")
     θ ← θ + α · (1/N) · Σ_n z_n ε_n          (1/σ is folded into α)
 
 Antithetic sampling uses mirrored pairs ε_{2k+1} = −ε_{2k}, which cancels the even part of the
-reward landscape from the estimate. No noise tensor is stored: every ε_n is regenerated from its seed,
+reward landscape from the estimate. No noise needs storing: every ε_n is regenerated from its seed,
 once to perturb and once for the update (where a mirrored pair's two terms merge into one, (z_{2k} −
-z_{2k+1})·ε_{2k}), one parameter tensor at a time, on that tensor's device.
+z_{2k+1})·ε_{2k}), one parameter tensor at a time, on that tensor's device. On a CPU, where drawing ε
+costs more than everything else a write does, a step keeps each ε it drew in host memory when all of the
+step's noise fits in NOISE_CACHE_BYTES, so each is drawn once per step, not three times; the values, and
+so every result, are the same either way.
 
 Exact restore and lossless updates. Adding σ·ε and subtracting it again is not exact in floating
 point (in bf16 it changes ~7% of the elements per cycle). So the weights that matter live in an fp32
@@ -50,6 +53,7 @@ the weights stay identical without ever being communicated.
 """
 import re
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -184,13 +188,22 @@ class PerturbedTensor:
         the model then always equals quantize(master), within half an int8 step per element."""
         self.write(self.on_device(), rescale=True)
 
-    def perturbed(self, seed, sign, sigma):
-        eps = noise(seed, self.index, self.param.shape, self.param.device)
-        self.write(eps.mul_(sign * sigma).add_(self.on_device()))
+    @torch.no_grad()
+    def perturbed(self, seed, sign, sigma, eps=None):
+        """Write θ + sign·σ·ε, ε regenerated from `seed` unless given (`eps` is left unchanged: ES's step cache
+        hands it out again)."""
+        eps = noise(seed, self.index, self.param.shape, self.param.device) if eps is None else eps
+        if self.param.dtype == torch.float32:  # computed in the param itself: the same values, two passes fewer
+            torch.mul(eps, sign * sigma, out=self.param).add_(self.on_device())
+        else:
+            self.write(torch.mul(eps, sign * sigma).add_(self.on_device()))
 
     def on_device(self):
         """The master on the param's device: itself when it lives there, else an asynchronous copy."""
         return self.master.to(self.param.device, non_blocking=True)
+
+
+NOISE_CACHE_BYTES = 2**30  # host memory a step's noise may take when in-place ES keeps it (ES.noise)
 
 
 class ES:
@@ -222,6 +235,14 @@ class ES:
             in_mode = " that lowrank mode perturbs (weights of Linear and embedding layers)" if self.lowrank else ""
             raise UserError(f"--params {config.params!r} matches no parameter of the model{in_mode}")
         self.theta0 = [t.master.cpu().clone() for t in self.tensors]
+        # In place on a CPU, a step draws each ε once instead of three times (a mirrored pair's two writes and
+        # the update) when the step's noise fits in NOISE_CACHE_BYTES of host memory: drawing costs more than
+        # all the other writes (docs/speed.md). Never on an accelerator, where drawing is cheap and memory not.
+        seeds = config.population // 2 if config.antithetic else config.population
+        noise_bytes = 4 * seeds * sum(t.param.numel() for t in self.tensors)
+        self.cache_noise = not self.lowrank and device.type == "cpu" and noise_bytes <= NOISE_CACHE_BYTES
+        self.noise_cache = {}
+        self.draw_pool = ThreadPoolExecutor(torch.get_num_threads()) if self.cache_noise else None
         for p in model.parameters():
             p.requires_grad_(False)  # ES never needs gradients; this also keeps generate cheap
 
@@ -248,6 +269,7 @@ class ES:
         fitness = self.score_population(members, problems, seed)  # R_n of every member, over all ranks
         z = normalize_rewards(fitness.rewards, self.cfg.normalize)
         update_norm = self.update(members, z)
+        self.noise_cache.clear()  # a step's noise is never needed again
         return {**population_log(fitness, z, len(problems)), "update_norm": update_norm, "drift": self.drift(),
                 "seconds_per_member": fitness.seconds_per_member,
                 "tokens_per_second": fitness.tokens / max(time.time() - start, 1e-9),  # all ranks together
@@ -317,8 +339,9 @@ class ES:
         Common random numbers: every member is scored on the same prompts with the same sampling seed."""
         if not self.lowrank:  # in place: write θ + σ·ε_n into the model, one member at a time
             for n in mine:
+                member_seed, sign = members[n]
                 for t in self.tensors:
-                    t.perturbed(*members[n], self.cfg.sigma)
+                    t.perturbed(member_seed, sign, self.cfg.sigma, eps=self.noise(member_seed, t))
                 yield (n, *self.score(problems, prompts, seed))
             for t in self.tensors:
                 t.clean()
@@ -341,8 +364,19 @@ class ES:
         dev = t.param.device
         total = torch.zeros(t.param.shape, dtype=torch.float32, device=dev)
         for seed, c in terms:
-            total.add_(noise(seed, t.index, t.param.shape, dev), alpha=c)
+            total.add_(self.noise(seed, t), alpha=c)
         return total
+
+    def noise(self, seed, t):
+        """ε of the member seed for tensor t: regenerated, or this step's copy when the step caches its noise.
+        A seed's first use draws its ε for every tensor at once, on as many threads as torch uses: each
+        tensor has its own generator, so the values do not depend on which thread draws them."""
+        if not self.cache_noise:
+            return noise(seed, t.index, t.param.shape, t.param.device)
+        if (seed, t.index) not in self.noise_cache:
+            draws = self.draw_pool.map(lambda u: noise(seed, u.index, u.param.shape, u.param.device), self.tensors)
+            self.noise_cache.update({(seed, u.index): eps for u, eps in zip(self.tensors, draws)})
+        return self.noise_cache[(seed, t.index)]
 
     def state_dict(self):
         return {"master": [t.master.cpu() for t in self.tensors], "theta0": self.theta0}

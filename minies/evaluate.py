@@ -1,7 +1,8 @@
 """Held-out evaluation shared by eval.py and train.py: pass@k from n samples per problem, greedy
 accuracy, malformed rate, truncated rate (completions cut off at max_new_tokens, which a reasoning model
-needs to watch: a cut-off trace has no answer), mean full-vocabulary token entropy and mean completion
-length."""
+needs to watch: a cut-off trace has no answer), mean full-vocabulary token entropy, mean completion
+length, and for tasks with several correct solutions per problem (Countdown) how many distinct ones the n
+samples found per solved problem ("distinct_correct") and which share of all of them ("solution_coverage")."""
 import numpy as np
 import torch
 from tqdm import tqdm
@@ -24,6 +25,7 @@ def evaluate(model, tokenizer, task, problems, n=16, ks=(1, 16), temperature=1.0
     if n > 0:
         correct = np.zeros(len(problems), dtype=int)
         malformed, truncated, entropy, length = [], [], [], []
+        found = [set() for _ in problems]  # the distinct correct solutions sampled for each problem
         # One block of problems at a time, so the bar moves and memory stays bounded.
         block = max(1, micro_batch // n)
         starts = range(0, len(problems), block)
@@ -34,6 +36,9 @@ def evaluate(model, tokenizer, task, problems, n=16, ks=(1, 16), temperature=1.0
                          micro_batch=micro_batch, seed=seed + s)
             scores = score_rollouts(task, batch_problems, r.texts)
             correct[s:s + block] = np.array([sc.correct for sc in scores]).reshape(-1, n).sum(1)
+            for i, sc in enumerate(scores):
+                if sc.correct:
+                    found[s + i // n].add(sc.solution)
             malformed += [sc.malformed for sc in scores]
             truncated += r.truncated(tokenizer.eos_token_id).tolist()
             _, ent = completion_logprobs(model, r.prompt_ids, r.prompt_mask, r.completion_ids, r.completion_mask,
@@ -47,9 +52,20 @@ def evaluate(model, tokenizer, task, problems, n=16, ks=(1, 16), temperature=1.0
         result["truncated_rate"] = float(np.mean(truncated))
         result["entropy"] = sum(entropy) / max(sum(length), 1)
         result["mean_length"] = sum(length) / (len(problems) * n)
+        result.update(solution_metrics(task, problems, found))
     if greedy:
         result["greedy_accuracy"] = greedy_accuracy(model, tokenizer, task, problems, micro_batch, chat_template)
     return result
+
+
+def solution_metrics(task, problems, found):
+    """From the set of distinct correct solutions (Score.solution) sampled for each problem: how many were
+    found per solved problem, and which share of the problem's solutions that is (both 0 if none solved)."""
+    solved = [i for i, solutions in enumerate(found) if solutions]
+    if not solved:
+        return {"distinct_correct": 0.0, "solution_coverage": 0.0}
+    return {"distinct_correct": float(np.mean([len(found[i]) for i in solved])),
+            "solution_coverage": float(np.mean([len(found[i]) / task.solution_count(problems[i]) for i in solved]))}
 
 
 def greedy_accuracy(model, tokenizer, task, problems, micro_batch=256, chat_template=True):

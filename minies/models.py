@@ -26,9 +26,10 @@ logging.getLogger("bitsandbytes").setLevel(logging.ERROR)
 
 
 # What minies assumes for a model whose config.json names nothing else: an instruction-tuned model, asked in
-# full instructions, with ES perturbing every weight as the papers do. A model can name its own in a
-# "minies_defaults" entry of its config.json, as the shipped tiny model does.
-MODEL_DEFAULTS = {"prompt_style": "instruct", "es_params": ".*"}
+# full instructions, with ES perturbing every weight as the papers do, and each algorithm at its own defaults.
+# A model can name its own in a "minies_defaults" entry of its config.json, as the shipped tiny models do;
+# "algorithms" maps an algorithm to train.py settings tuned on the model ({"es": {"prompts_per_step": 64}}).
+MODEL_DEFAULTS = {"prompt_style": "instruct", "es_params": ".*", "algorithms": {}}
 
 
 def default_model(task):

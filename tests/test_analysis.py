@@ -76,6 +76,18 @@ def test_js_diversity_three_members_by_hand():
     assert js_diversity([[["x"]], [["x"]], [["y"]]]) == pytest.approx(expected, abs=1e-12)
 
 
+@pytest.mark.parametrize("members", [2, 5, 32])
+def test_js_diversity_of_greedy_outcomes_equals_the_general_formula(members):
+    """One label per member and prompt (greedy ES) takes a shortcut, H(p_n) = 0; the same labels given twice
+    each go through the general formula and must agree."""
+    rng = torch.Generator().manual_seed(members)
+    labels = torch.randint(0, 4, (members, 50), generator=rng).tolist()
+    greedy = [[[str(x)] for x in row] for row in labels]
+    doubled = [[[str(x), str(x)] for x in row] for row in labels]
+    assert js_diversity(greedy) == pytest.approx(js_diversity(doubled), abs=1e-12)
+    assert 0 < js_diversity(greedy) < 1
+
+
 def test_js_diversity_rejects_what_it_cannot_measure():
     with pytest.raises(ValueError, match="at least 2 members"):
         js_diversity([[["x"]]])

@@ -6,10 +6,10 @@ import pytest
 
 import train
 from conftest import run_in_process
-from minies.evaluate import evaluate
+from minies.evaluate import evaluate, solution_metrics
 from minies.make_tiny import varied_references
 from minies.models import SHIPPED_MODEL, SHIPPED_MODELS, load_model, load_tokenizer
-from minies.tasks import Countdown, solutions, solvable
+from minies.tasks import Countdown, parse_expression, solutions, solvable
 
 COUNTDOWN_MODEL = SHIPPED_MODELS["countdown"]
 needs_model = pytest.mark.skipif(not os.path.exists(os.path.join(COUNTDOWN_MODEL, "model.safetensors")),
@@ -32,6 +32,35 @@ def test_distinct_solutions_hand_counted(numbers, target, expected):
     task = Countdown(test_size=1)
     problem = task.make_problem(numbers, target)
     assert all(task.score(f"<answer>{text}</answer>", problem).correct for text in found.values())
+
+
+def test_a_parsed_solution_has_its_brute_force_form():
+    """The verifier's canonical form of an answer (Score.solution) is the key solutions() gives it, whatever
+    the order of operands, grouping or redundant parentheses; so distinct solutions can be counted."""
+    task = Countdown(test_size=200, count=4)
+    for p in task.test_problems():
+        for key, text in solutions(p.numbers, int(p.answer)).items():
+            assert parse_expression(text, 200, 10)[2] == key
+            assert task.score(f"<answer>({text})</answer>", p).solution == key
+    problem = task.make_problem([3, 7, 12], 33)
+    forms = {task.score(f"<answer>{t}</answer>", problem).solution for t in ("3*7+12", "12+7*3", "(7*3)+12")}
+    assert forms == {"((3*7)+12)"} and task.solution_count(problem) == 1
+    assert task.score("<answer>3*7+13</answer>", problem).solution is None  # wrong: no solution
+    assert task.solution_count(task.make_problem([1, 2, 3], 6)) == 3
+
+
+def test_distinct_correct_solutions_are_counted():
+    """distinct_correct and solution_coverage from scored answers: a problem with three solutions whose
+    samples find all three (twice each) plus a wrong one, a problem with one solution, one never solved."""
+    task = Countdown(test_size=1)
+    problems = [task.make_problem([1, 2, 3], 6), task.make_problem([3, 7, 12], 33), task.make_problem([1, 1, 1], 3)]
+    answers = [["1+2+3", "3+2+1", "1*2*3", "3*2*1", "2*3/1", "6"], ["3*7+12"] * 6, ["1*1*1"] * 6]
+    found = [{sc.solution for sc in (task.score(f"<answer>{a}</answer>", p) for a in texts) if sc.correct}
+             for p, texts in zip(problems, answers)]
+    m = solution_metrics(task, problems, found)
+    assert m["distinct_correct"] == pytest.approx((3 + 1) / 2)
+    assert m["solution_coverage"] == pytest.approx((3 / 3 + 1 / 1) / 2)
+    assert solution_metrics(task, problems, [set()] * 3) == {"distinct_correct": 0.0, "solution_coverage": 0.0}
 
 
 def test_solvable():
@@ -77,3 +106,4 @@ def test_countdown_model_solves_some_held_out_problems(one_thread):
     task = Countdown(prompt_style=model.config.minies_defaults["prompt_style"])
     m = evaluate(model, tok, task, task.test_problems()[:40], n=4, ks=(1, 4))
     assert m["pass@4"] > 0 and m["malformed_rate"] < 0.5
+    assert m["distinct_correct"] >= 1 and 0 < m["solution_coverage"] <= 1

@@ -281,3 +281,40 @@ def test_step_logs_truncation_and_int8_clamps(tiny_model_dir, eightbit):
         assert 0.0 < log["int8_clamped"] < 0.05
     es.task.max_new_tokens = 2  # too short for any answer: every completion is cut off
     assert es.step(Arithmetic(test_size=50).train_problems(8, seed=0), seed=1)["truncated_rate"] == 1.0
+
+
+@pytest.mark.parametrize("antithetic", [True, False])
+def test_the_step_noise_cache_changes_no_result(tiny_model_dir, antithetic, monkeypatch):
+    """In place on a CPU a step keeps the noise it drew (ES.noise): each ε is drawn once instead of once per
+    write and once for the update. Rewards and weights are bit-identical to regenerating every ε."""
+    import minies.es
+    draws = []
+    monkeypatch.setattr(minies.es, "noise", lambda *args: draws.append(args) or noise(*args))
+    task = Arithmetic(test_size=50)
+    runs = []
+    for cache in (True, False):
+        es = make_es(tiny_model_dir, antithetic=antithetic, params=".*")
+        assert es.cache_noise  # the test model's noise fits: the cache is on unless switched off
+        es.cache_noise = cache
+        draws.clear()
+        logs = [es.step(task.train_problems(8, seed=step), step) for step in range(2)]
+        assert not es.noise_cache  # emptied after every step
+        # Per step and tensor: with the cache one draw per distinct ε (2 mirrored pairs, or 4 members); without,
+        # one per member's write plus one per ε in the update.
+        if cache:
+            assert len(draws) == 2 * len(es.tensors) * (2 if antithetic else 4)
+        else:
+            assert len(draws) > 2 * len(es.tensors) * 4
+        runs.append(([log["reward_mean"] for log in logs], [t.master.clone() for t in es.tensors],
+                     weights(es.model)))
+    (rewards, masters, model), (rewards_ref, masters_ref, model_ref) = runs
+    assert rewards == rewards_ref
+    assert all(torch.equal(a, b) for a, b in zip(masters, masters_ref))
+    assert all(torch.equal(model[k], model_ref[k]) for k in model)
+
+
+def test_the_noise_cache_stays_within_its_budget(tiny_model_dir, monkeypatch):
+    import minies.es
+    monkeypatch.setattr(minies.es, "NOISE_CACHE_BYTES", 1000)
+    assert not make_es(tiny_model_dir).cache_noise
+    assert not make_es(tiny_model_dir, mode="lowrank").cache_noise  # lowrank adds its noise in the forward pass

@@ -49,7 +49,7 @@ def test_instruct_countdown_is_tinyzero_shaped_and_solvable():
     assert {len(p.numbers) for p in problems} == {3, 4}
     for p in problems:
         assert all(1 <= n <= 99 for n in p.numbers) and 1 <= int(p.answer) <= 100
-        value, literals = parse_expression(p.reference, 200, 10)  # the reference solves it
+        value, literals, _ = parse_expression(p.reference, 200, 10)  # the reference solves it
         assert value == Fraction(p.answer) and sorted(literals) == sorted(map(Fraction, p.numbers))
 
 

@@ -83,8 +83,8 @@ def plain_model_dir(tmp_path_factory, model_dir):
 def test_model_defaults(model_dir, plain_model_dir):
     shipped = model_defaults(load_config(model_dir))
     assert shipped["prompt_style"] == "terse" and shipped["es_params"] == r"embed_tokens|layers\.0\."
-    assert model_defaults(load_config(plain_model_dir)) == MODEL_DEFAULTS == {"prompt_style": "instruct",
-                                                                             "es_params": ".*"}
+    assert model_defaults(load_config(plain_model_dir)) == MODEL_DEFAULTS == {
+        "prompt_style": "instruct", "es_params": ".*", "algorithms": {}}
     assert prompt_style_for("auto", load_config(plain_model_dir)) == "instruct"
     assert prompt_style_for("terse", load_config(plain_model_dir)) == "terse"
 
@@ -112,3 +112,19 @@ def test_config_json_records_resolved_values(tmp_path, model_dir, capsys):
     assert config["train"]["max_new_tokens"] == 10 and config["train"]["steps"] == 1
     assert (config["es"]["sigma"], config["es"]["alpha"], config["es"]["population"], config["es"]["params"]) == (
         1e-3, 5e-4, 2, ".*")
+
+
+def test_a_model_names_its_tuned_settings_per_algorithm(tmp_path, model_dir):
+    """minies_defaults.algorithms in config.json sets train.py's defaults for that algorithm alone (steps
+    included); a recipe and explicit flags still win, and --help shows the model's values."""
+    out = tmp_path / "model"
+    shutil.copytree(model_dir, out)
+    config = json.loads((out / "config.json").read_text())
+    config["minies_defaults"]["algorithms"] = {"grpo": {"lr": 0.5, "steps": 7, "group_size": 4}}
+    (out / "config.json").write_text(json.dumps(config))
+    cfg, grpo = parse("--model", str(out), "--algo", "grpo")
+    assert (grpo.lr, cfg.steps, grpo.group_size) == (0.5, 7, 4)
+    assert parse("--model", str(out), "--algo", "grpo", "--lr", "0.1")[1].lr == 0.1
+    assert parse("--model", str(out), "--recipe", "deepseekmath")[1].lr == 1e-6
+    assert parse("--model", str(out), "--algo", "es")[0].steps is None  # not ES's: the algorithm's own
+    assert parse("--model", str(model_dir), "--algo", "grpo")[1].lr == 1e-4

@@ -10,6 +10,7 @@ from bench import reproduce
 from conftest import single_thread
 from minies import UserError
 from minies.es import ESConfig
+from minies.models import SHIPPED_MODELS
 
 RUNS = ("es-seed0", "es-sigma0.016-seed0", "grpo-seed0", "grpo-hot-seed0", "c3po-seed0", "grpo-es-seed0",
         "es-grpo-seed0")
@@ -179,3 +180,24 @@ def test_user_errors(quick, tmp_path, capsys):
     for bad in ("0.01,x", "-0.01"):
         with pytest.raises(UserError, match="--diversity-sigmas"):
             reproduce.main(["--quick", "--diversity-sigmas", bad, "--out", str(tmp_path)])
+
+
+def test_countdown_reproduction_counts_distinct_solutions(tmp_path):
+    """--task countdown: every run trains the Countdown model on Countdown, and the report adds the coverage of
+    the solution space (distinct correct expressions per solved problem) from the final evaluations."""
+    out = tmp_path / "countdown"
+    printed = io.StringIO()
+    with single_thread(), contextlib.redirect_stdout(printed):
+        reproduce.main(["--quick", "--task", "countdown", "--tokens", "1500", "--problems", "12", "--samples", "4",
+                        "--diversity-sigmas", "", "--es-population", "4", "--es-prompts", "8", "--eval-problems", "4",
+                        "--sparsity-samples", "2", "--out", str(out)])
+    results = json.loads((out / "results.json").read_text())
+    assert results["config"]["task"] == "countdown" and results["config"]["model"] == SHIPPED_MODELS["countdown"]
+    config = json.loads((out / "runs" / "grpo-seed0" / "config.json").read_text())["train"]
+    assert config["task"] == "countdown" and config["model"] == SHIPPED_MODELS["countdown"]
+    space = results["solution_space"]
+    assert space["mean"] > 1 and 0 < space["multi"] < 1
+    for method, row in results["summary"].items():
+        assert 1 <= row["distinct_correct"]["mean"] and 0 < row["solution_coverage"]["mean"] <= 1, method
+    assert "## Coverage of the solution space" in (out / "results.md").read_text()
+    assert (out / "solutions.png").exists() or "plots skipped" in printed.getvalue()

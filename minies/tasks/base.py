@@ -44,6 +44,9 @@ class Score:
     reward: float
     correct: bool
     malformed: bool
+    # Which correct solution this is, for tasks with several (Countdown: the expression's canonical form);
+    # None where every correct answer is the same solution.
+    solution: str = None
 
 
 def last_answer_tag(completion):
@@ -55,8 +58,9 @@ def last_answer_tag(completion):
     return found[-1].strip() if found else None
 
 
-def make_score(correct, malformed):
-    return Score(reward=float(correct) + FORMAT_BONUS * (not malformed), correct=correct, malformed=malformed)
+def make_score(correct, malformed, solution=None):
+    return Score(reward=float(correct) + FORMAT_BONUS * (not malformed), correct=correct, malformed=malformed,
+                 solution=solution if correct else None)
 
 
 class Task:
@@ -139,6 +143,10 @@ class Task:
     def solution(self, problem):
         """A reference completion in the format the verifier expects (used for the SFT warm start)."""
         return f"<answer>{problem.answer}</answer>"
+
+    def solution_count(self, problem):
+        """How many distinct correct solutions the problem has (Score.solution tells them apart)."""
+        return 1
 
 
 def read_problems(path, parse_row):

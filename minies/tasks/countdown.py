@@ -19,6 +19,7 @@ parentheses deeper than MAX_DEPTH, or divides by zero (it has no value).
 Well formed but wrong (reward FORMAT_BONUS): any other EXPR whose numbers are not the given ones as a
 multiset (compared by value, so 3.0 counts as 3) or whose value is not exactly the target.
 """
+import functools
 import operator
 import re
 from dataclasses import dataclass, field
@@ -93,11 +94,14 @@ class Countdown(Task):
 
     def score(self, completion, problem):
         try:
-            value, literals = parse_expression(last_answer_tag(completion), self.MAX_CHARS, self.MAX_DEPTH)
+            value, literals, form = parse_expression(last_answer_tag(completion), self.MAX_CHARS, self.MAX_DEPTH)
         except (ValueError, ZeroDivisionError):
             return make_score(False, True)
         given = sorted(Fraction(n) for n in problem.numbers)
-        return make_score(sorted(literals) == given and value == Fraction(problem.answer), False)
+        return make_score(sorted(literals) == given and value == Fraction(problem.answer), False, solution=form)
+
+    def solution_count(self, problem):
+        return len(_cached_solutions(problem.numbers, int(problem.answer)))
 
     def solution(self, problem):
         return f"<answer>{problem.reference}</answer>"
@@ -146,6 +150,11 @@ def solutions(numbers, target):
     precedence needs them.
     """
     return {key: text for key, (value, text, _, _) in _expressions(numbers, Fraction(target)).items()}
+
+
+@functools.lru_cache(maxsize=4096)
+def _cached_solutions(numbers, target):  # evaluations count the same test problems' solutions again and again
+    return solutions(numbers, target)
 
 
 def solvable(numbers, target):
@@ -207,7 +216,8 @@ def _key(shape):
 
 
 def parse_expression(text, max_chars, max_depth):
-    """Exact value and number literals of an arithmetic expression, by recursive descent:
+    """Exact value, number literals and canonical form (the one solutions() uses) of an arithmetic
+    expression, by recursive descent:
 
         expr := term (("+" | "-") term)*      term := atom (("*" | "/") atom)*
         atom := NUMBER | "(" expr ")"
@@ -227,19 +237,20 @@ def parse_expression(text, max_chars, max_depth):
         token, pos = peek(), pos + 1
         return token
 
-    def expr(depth):
-        value = term(depth)
-        while peek() in ("+", "-"):
+    # Each rule returns (value, shape); shapes combine as in solutions(), so equal forms mean one solution.
+    def chain(depth, operand, ops):
+        value, shape = operand(depth)
+        while peek() in ops:
             op = take()
-            value = OPS[op](value, term(depth))
-        return value
+            b_value, b_shape = operand(depth)
+            value, shape = OPS[op](value, b_value), _canonical(shape, b_shape, op)[1]
+        return value, shape
+
+    def expr(depth):
+        return chain(depth, term, ("+", "-"))
 
     def term(depth):
-        value = atom(depth)
-        while peek() in ("*", "/"):
-            op = take()
-            value = OPS[op](value, atom(depth))
-        return value
+        return chain(depth, atom, ("*", "/"))
 
     def atom(depth):
         token = take()
@@ -253,9 +264,9 @@ def parse_expression(text, max_chars, max_depth):
         if token is None or not EXPR_NUMBER.fullmatch(token):
             raise ValueError(f"unexpected {token!r}")
         literals.append(Fraction(token))
-        return literals[-1]
+        return literals[-1], ("n", (str(literals[-1]),), ())
 
-    value = expr(0)
+    value, shape = expr(0)
     if pos != len(tokens):
         raise ValueError(f"unexpected {tokens[pos]!r}")
-    return value, literals
+    return value, literals, _key(shape)
