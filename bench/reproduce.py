@@ -272,9 +272,9 @@ def heldout(cfg, tok, model, seed, n):
 def solution_space(cfg):
     """How many distinct correct solutions the held-out problems have (mean over seeds' splits), and the share
     of problems with two or more: the room there is for a method to find different ones."""
-    counts = []
+    style, counts = prompt_style_for(cfg.prompt_style, load_config(cfg.model)), []
     for seed in range(cfg.seeds):
-        task = get_task(cfg.task, seed=seed, prompt_style=prompt_style_for(cfg.prompt_style, load_config(cfg.model)))
+        task = get_task(cfg.task, seed=seed, prompt_style=style)
         counts += [task.solution_count(p) for p in task.test_problems()[:cfg.problems]]
     return {"mean": float(np.mean(counts)), "multi": float(np.mean([c > 1 for c in counts]))}
 
