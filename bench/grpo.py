@@ -92,7 +92,7 @@ def trl_steps(args, trl):
     """Seconds of the fastest timed step of TRL's GRPOTrainer on the same model, batch and loss."""
     import pyarrow
     from datasets import Dataset
-    from transformers import TrainerCallback
+    from transformers import PrinterCallback, TrainerCallback
 
     model, tok, task, problems = setup(args)
     prompts = format_prompts(tok, [p.question for p in problems])
@@ -113,7 +113,7 @@ def trl_steps(args, trl):
     with tempfile.TemporaryDirectory() as out:
         config = trl.GRPOConfig(
             output_dir=out, use_cpu=not torch.cuda.is_available(), report_to=[], save_strategy="no",
-            disable_tqdm=True, logging_steps=1,
+            disable_tqdm=True, logging_strategy="no",
             per_device_train_batch_size=min(args.micro_batch, rows),
             gradient_accumulation_steps=max(1, rows // args.micro_batch),
             num_generations=args.group_size, max_completion_length=task.max_new_tokens, temperature=args.temperature,
@@ -124,6 +124,7 @@ def trl_steps(args, trl):
             max_steps=args.steps + 1, shuffle_dataset=False, seed=0)
         trainer = trl.GRPOTrainer(model=model, processing_class=tok, reward_funcs=reward, args=config,
                                   train_dataset=data, callbacks=[Clock()])
+        trainer.remove_callback(PrinterCallback)  # its end-of-training summary would bury the report
         start = time.perf_counter()
         trainer.train()
     times = [b - a for a, b in zip([start] + ends, ends)]

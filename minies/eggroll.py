@@ -11,7 +11,7 @@ member-major: rows j·P … (j+1)·P−1 are member j). The weights are never mo
 also makes the mode work unchanged on 8-bit layers (the hook only adds to their output). Extra cost per
 layer and token: 2·r·(in + out) multiply-adds against the layer's in·out, under 2% at r = 1.
 
-The update is the same seeded sum as in-place ES, one matmul per matrix:
+The update is the same seeded sum as in-place ES, one matmul per matrix added into the master:
 
     θ ← θ + α·(1/N)·Σ_n z_n·E_n = θ + α/(N·√r) · [A_1 … A_N] · diag(z) · [B_1 … B_N]ᵀ
 
@@ -27,18 +27,15 @@ import math
 
 import torch
 
+from minies.guard import check_finite
+
 
 class LowRankPopulation:
     def __init__(self, model, tensors, rank, noise):
         """`tensors`: the ES's PerturbedTensors; `noise(seed, index, shape, device)`: its seeded N(0, 1) stream."""
         self.rank, self.noise = rank, noise
-        embedding, head = model.get_input_embeddings(), model.get_output_embeddings()
-        self.modules = {}  # tensor index -> the modules whose forward uses that weight matrix
-        for t in tensors:
-            if t.param is embedding.weight:
-                self.modules[t.index] = [embedding] + ([head] if head is not None and head.weight is t.param else [])
-            elif isinstance(t.module, torch.nn.Linear) and t.param is t.module.weight:
-                self.modules[t.index] = [t.module]
+        embedding = model.get_input_embeddings()
+        self.modules = matrix_modules(model, tensors)  # tensor index -> the modules whose forward uses it
         self.tensors = [t for t in tensors if t.index in self.modules]
         # module -> (A stacked [k, r, out] with σ·sign/√r folded in, every member's B side by side [in, k·r])
         self.active = {}
@@ -90,11 +87,29 @@ class LowRankPopulation:
         picked = a.gather(2, ids).transpose(1, 2)  # A_j[t] for each of member j's tokens t: [k, n, r]
         return add_low_rank(output, picked, b.view(b.shape[0], k, r).permute(1, 2, 0))  # B as [k, r, hidden]
 
-    def direction(self, t, terms):
-        """Σ c·E_seed over the M (seed, c) terms for one tensor, in fp32, as one [out, M·r] × [M·r, in] matmul."""
+    def add_update(self, t, terms, scale):
+        """t.master += scale·Σ c·E_seed over the M (seed, c) terms, as one [out, M·r] × [M·r, in] matmul
+        accumulated into the master (no [out, in] temporary). Returns the update's squared Frobenius norm,
+        from the factors alone: ‖a·bᵀ‖² = Σ (aᵀa) ⊙ (bᵀb), two [M·r, M·r] Gram matrices."""
         a, b = zip(*(self.factors(seed, t) for seed, _ in terms))
         c = torch.tensor([c for _, c in terms], device=t.param.device).repeat_interleave(self.rank)
-        return (torch.cat(a, 1) * c) @ torch.cat(b, 1).T / math.sqrt(self.rank)
+        a = check_finite(f"the update of {t.name}", torch.cat(a, 1) * (c * scale / math.sqrt(self.rank)))
+        a, b = a.to(t.master.device), torch.cat(b, 1).to(t.master.device)
+        t.master.addmm_(a, b.T)
+        return float(((a.T @ a) * (b.T @ b)).sum())
+
+
+def matrix_modules(model, tensors):
+    """{tensor index: the modules whose forward uses it} for the tensors this mode perturbs: the weight
+    matrices of Linear layers and of the input embedding (with the LM head when it is tied to it)."""
+    embedding, head = model.get_input_embeddings(), model.get_output_embeddings()
+    modules = {}
+    for t in tensors:
+        if t.param is embedding.weight:
+            modules[t.index] = [embedding] + ([head] if head is not None and head.weight is t.param else [])
+        elif isinstance(t.module, torch.nn.Linear) and t.param is t.module.weight:
+            modules[t.index] = [t.module]
+    return modules
 
 
 def add_low_rank(output, coeffs, vectors):

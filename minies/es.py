@@ -12,8 +12,8 @@ reward landscape from the estimate. No noise needs storing: every ε_n is regene
 once to perturb and once for the update (where a mirrored pair's two terms merge into one, (z_{2k} −
 z_{2k+1})·ε_{2k}), one parameter tensor at a time, on that tensor's device. On a CPU, where drawing ε
 costs more than everything else a write does, a step keeps each ε it drew in host memory when all of the
-step's noise fits in NOISE_CACHE_BYTES, so each is drawn once per step, not three times; the values, and
-so every result, are the same either way.
+step's noise fits in NOISE_CACHE_BYTES, so each is drawn once per step, not three times, and in the
+background while the member before is scored; the values, and so every result, are the same either way.
 
 Exact restore and lossless updates. Adding σ·ε and subtracting it again is not exact in floating
 point (in bf16 it changes ~7% of the elements per cycle). So the weights that matter live in an fp32
@@ -43,9 +43,9 @@ Two ways to score the population (--mode). `inplace` (above) writes each member'
 model and scores the members one after another. `lowrank` (EGGROLL, minies/eggroll.py) never modifies
 the weights while scoring: each member's noise is a rank-r matrix added in the forward pass, so several
 members generate together in one batch; the update and the fp32 masters are the same as in place.
-`--mode auto` picks one from the batch shape (minies/placement.py): lowrank up to 128 prompts per step,
-else in place. Opt-in: it keeps the default step in place but would move smaller steps to lowrank,
-whose noise differs and which leaves norms and biases fixed, changing those runs' results.
+`--mode auto` (the default) picks the faster one for the batch shape (minies/placement.py): lowrank up to
+128 prompts per step, else in place (the default step of 256 prompts). Lowrank perturbs only the weight
+matrices that --params names, so auto stays in place when --params names none.
 
 Distributed: member n is scored on rank n mod P (a static split, so runs are reproducible); the N
 rewards are summed with one all-reduce; every rank then applies the same update to its own replica, so
@@ -61,8 +61,9 @@ import numpy as np
 import torch
 
 from minies import UserError, distributed
-from minies.config import option
 from minies.analysis import answer_outcome, js_diversity
+from minies.config import option
+from minies.eggroll import LowRankPopulation, matrix_modules
 from minies.evaluate import score_rollouts
 from minies.guard import check_finite
 from minies.metrics import average_ranks
@@ -87,10 +88,10 @@ class ESConfig:
     temperature: float = option(1.0, "sampling temperature when not greedy", check="positive")
     micro_batch: int = option(1024, "sequences per generate call (lowrank: members per call = this // prompts)",
                               check="positive")
-    mode: str = option("inplace", "inplace: perturb the weights, one member at a time; lowrank: EGGROLL, "
+    mode: str = option("auto", "inplace: perturb the weights, one member at a time; lowrank: EGGROLL, "
                        "rank-r noise added in the forward pass, many members per batch (minies/eggroll.py); auto: "
-                       "one of them, chosen from the batch shape (minies/placement.py)",
-                       choices=["inplace", "lowrank", "auto"])
+                       "the faster of the two for the batch shape (minies/placement.py)",
+                       choices=["auto", "inplace", "lowrank"])
     rank: int = option(1, "rank r of each member's perturbation A·Bᵀ/√r in lowrank mode", check="positive")
     master_device: str = option("auto", "where the fp32 master weights live when the model is on CUDA: cpu (pinned "
                                 "host memory), cuda, or auto: cuda when they fit (master_device); on a CPU: cpu",
@@ -220,15 +221,15 @@ class ES:
         pattern = re.compile(config.params)
         chosen = [(i, name, p) for i, (name, p) in enumerate(model.named_parameters()) if pattern.search(name)]
         device = model_device(model)
-        if config.mode == "auto":  # resolved here, so config.json records the mode that ran
-            config.mode = choose_mode(config.prompts_per_step, -(-config.population // distributed.world_size()),
-                                      config.micro_batch, device)
         masters = master_device(config.master_device, device, sum(p.numel() for _, _, p in chosen))
         config.master_device = masters.type
         self.tensors = [PerturbedTensor(i, name, p, owner[id(p)], masters) for i, name, p in chosen]
+        if config.mode == "auto":  # resolved here, so config.json records the mode that ran
+            # In place when --params names no weight matrix: lowrank would have nothing to perturb.
+            config.mode = "inplace" if not matrix_modules(model, self.tensors) else choose_mode(
+                config.prompts_per_step, -(-config.population // distributed.world_size()), config.micro_batch, device)
         self.lowrank, self.population = config.mode == "lowrank", None
         if self.lowrank:
-            from minies.eggroll import LowRankPopulation
             self.population = LowRankPopulation(model, self.tensors, config.rank, noise)
             self.tensors = self.population.tensors
         if not self.tensors:
@@ -316,17 +317,16 @@ class ES:
         terms = [(member_seed, c) for member_seed, c in terms.items() if c]
         if not terms:  # every reward tied: no signal, no step
             return 0.0
-        update_sq = 0.0
+        update_sq, scale = 0.0, self.cfg.alpha / len(members)
         for t in self.tensors:
-            if self.lowrank:
-                direction = self.population.direction(t, terms)  # Σ c·A·Bᵀ/√r as one matmul (eggroll.py)
+            if self.lowrank:  # Σ c·A·Bᵀ/√r as one matmul into the master (eggroll.py)
+                update_sq += self.population.add_update(t, terms, scale)
             else:
-                direction = self.direction(t, terms)  # Σ c·ε, each ε regenerated from its seed
-            delta = (self.cfg.alpha / len(members)) * direction.to(t.master.device)
-            check_finite(f"the update of {t.name}", delta)  # before it reaches the master
-            t.master += delta
+                delta = scale * self.direction(t, terms).to(t.master.device)  # Σ c·ε, from the seeds
+                check_finite(f"the update of {t.name}", delta)  # before it reaches the master
+                t.master += delta
+                update_sq += float(delta.pow(2).sum())
             t.clean()
-            update_sq += float(delta.pow(2).sum())
         return update_sq ** 0.5
 
     def drift(self):
@@ -338,10 +338,12 @@ class ES:
         for each member n in `mine`.
         Common random numbers: every member is scored on the same prompts with the same sampling seed."""
         if not self.lowrank:  # in place: write θ + σ·ε_n into the model, one member at a time
-            for n in mine:
+            for i, n in enumerate(mine):
                 member_seed, sign = members[n]
                 for t in self.tensors:
                     t.perturbed(member_seed, sign, self.cfg.sigma, eps=self.noise(member_seed, t))
+                if i + 1 < len(mine):
+                    self.draw(members[mine[i + 1]][0])  # the next member's ε, drawn while this one is scored
                 yield (n, *self.score(problems, prompts, seed))
             for t in self.tensors:
                 t.clean()
@@ -368,15 +370,19 @@ class ES:
         return total
 
     def noise(self, seed, t):
-        """ε of the member seed for tensor t: regenerated, or this step's copy when the step caches its noise.
-        A seed's first use draws its ε for every tensor at once, on as many threads as torch uses: each
-        tensor has its own generator, so the values do not depend on which thread draws them."""
+        """ε of the member seed for tensor t: regenerated, or this step's copy when the step caches its noise."""
         if not self.cache_noise:
             return noise(seed, t.index, t.param.shape, t.param.device)
-        if (seed, t.index) not in self.noise_cache:
-            draws = self.draw_pool.map(lambda u: noise(seed, u.index, u.param.shape, u.param.device), self.tensors)
-            self.noise_cache.update({(seed, u.index): eps for u, eps in zip(self.tensors, draws)})
-        return self.noise_cache[(seed, t.index)]
+        return self.draw(seed)[t.index].result()
+
+    def draw(self, seed):
+        """When the step caches its noise: {tensor index: future ε} of the member seed, drawn once per step on
+        as many threads as torch uses, in the background (score_members asks for the next member's while
+        scoring this one). Each tensor has its own generator, so the values do not depend on the thread."""
+        if self.cache_noise and seed not in self.noise_cache:
+            self.noise_cache[seed] = {t.index: self.draw_pool.submit(noise, seed, t.index, t.param.shape,
+                                                                     t.param.device) for t in self.tensors}
+        return self.noise_cache.get(seed)
 
     def state_dict(self):
         return {"master": [t.master.cpu() for t in self.tensors], "theta0": self.theta0}

@@ -33,7 +33,7 @@ def evaluate(model, tokenizer, task, problems, n=16, ks=(1, 16), temperature=1.0
             batch_prompts = [p for p in prompts[s:s + block] for _ in range(n)]
             batch_problems = [p for p in problems[s:s + block] for _ in range(n)]
             r = generate(model, tokenizer, batch_prompts, task.max_new_tokens, temperature, greedy=False,
-                         micro_batch=micro_batch, seed=seed + s)
+                         micro_batch=micro_batch, seed=seed + s, share_prompts=True)
             scores = score_rollouts(task, batch_problems, r.texts)
             correct[s:s + block] = np.array([sc.correct for sc in scores]).reshape(-1, n).sum(1)
             for i, sc in enumerate(scores):

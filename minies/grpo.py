@@ -203,10 +203,10 @@ class GRPO:
         return [problems[i] for i in distributed.shard(list(range(len(problems)))) for _ in range(G)]
 
     def generate(self, prompts, seed):
-        """One completion per prompt string from the weights as they are now."""
+        """One completion per prompt string from the weights as they are now (a group's prompt runs once)."""
         self.model.eval()
         return generate(self.model, self.tokenizer, prompts, self.task.max_new_tokens, self.config.temperature,
-                        seed=seed)
+                        seed=seed, share_prompts=True)
 
     def score(self, problems, rollouts):
         """Scores [P, G] of the whole batch: every rank gets them all, for batch-std scaling and the log."""

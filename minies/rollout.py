@@ -61,9 +61,11 @@ def position_ids(attention_mask):
 
 @torch.no_grad()
 def generate(model, tokenizer, prompts, max_new_tokens=16, temperature=1.0, top_p=1.0, greedy=False,
-             micro_batch=256, seed=0):
+             micro_batch=256, seed=0, share_prompts=False):
     """Sample one completion per prompt string (repeat prompts for several). Seeded: the same
-    seed, model and prompts give the same completions (common random numbers for ES)."""
+    seed, model and prompts give the same completions (common random numbers for ES).
+    `share_prompts`: a prompt repeated within a micro-batch is run once (shared_prompt_cache); only when
+    every row runs under the same weights."""
     device = model_device(model)
     eos_id = tokenizer.eos_token_id
     # Every sampling knob is set explicitly: anything left unset is filled from the checkpoint's
@@ -80,7 +82,8 @@ def generate(model, tokenizer, prompts, max_new_tokens=16, temperature=1.0, top_
         for start in range(0, len(prompts), micro_batch):
             enc = tokenizer(prompts[start:start + micro_batch], return_tensors="pt", padding=True,
                             add_special_tokens=False).to(device)
-            completions = model.generate(**enc, generation_config=config)[:, enc["input_ids"].shape[1]:]
+            cache = shared_prompt_cache(model, enc["input_ids"], enc["attention_mask"]) if share_prompts else {}
+            completions = model.generate(**enc, **cache, generation_config=config)[:, enc["input_ids"].shape[1]:]
             mask = completion_mask(completions, eos_id)
             texts = tokenizer.batch_decode(completions.masked_fill(mask == 0, tokenizer.pad_token_id),
                                            skip_special_tokens=True)
@@ -117,17 +120,57 @@ def completion_logprobs(model, prompt_ids, prompt_mask, completion_ids, completi
     [rows, completion, vocabulary] logits never exist for the whole batch at once.
     """
     logps, entropies = [], []
-    width = completion_ids.shape[1]
     for s in range(0, len(prompt_ids), chunk):
-        ids = torch.cat([prompt_ids[s:s + chunk], completion_ids[s:s + chunk]], 1)
-        mask = torch.cat([prompt_mask[s:s + chunk], completion_mask[s:s + chunk]], 1)
-        # Only the logits that predict completion tokens are computed (logits_to_keep).
-        logits = model(input_ids=ids, attention_mask=mask, position_ids=position_ids(mask),
-                       logits_to_keep=width + 1).logits[:, :-1].float() / temperature
+        rows = slice(s, s + chunk)
+        logits = completion_logits(model, prompt_ids[rows], prompt_mask[rows], completion_ids[rows],
+                                   completion_mask[rows]) / temperature
         logp_all = torch.log_softmax(logits, -1)
-        logps.append(logp_all.gather(-1, completion_ids[s:s + chunk, :, None]).squeeze(-1))
+        logps.append(logp_all.gather(-1, completion_ids[rows, :, None]).squeeze(-1))
         if with_entropy:
             p = logp_all.detach()  # entropy is only logged: keep no [rows, tokens, vocab] graph for it
             entropies.append(-(p.exp() * p).sum(-1))
     logps = torch.cat(logps)
     return (logps, torch.cat(entropies)) if with_entropy else logps
+
+
+def completion_logits(model, prompt_ids, prompt_mask, completion_ids, completion_mask):
+    """The fp32 logits [rows, C, vocabulary] that predict each of the C completion tokens: one forward pass
+    over prompt + completion, or, when rows share their prompt (shared_prompt_cache), over the rest."""
+    width, prompt_width = completion_ids.shape[1], prompt_ids.shape[1]
+    mask = torch.cat([prompt_mask, completion_mask], 1)
+    positions = position_ids(mask)
+    # Under DistributedDataParallel the prompt pass runs on the wrapped model: DDP expects one forward per
+    # backward, and its gradient hooks fire on the parameters whichever pass used them.
+    cache = shared_prompt_cache(getattr(model, "module", model), prompt_ids, prompt_mask)
+    if not cache:
+        ids = torch.cat([prompt_ids, completion_ids], 1)
+        # Only the logits that predict completion tokens are computed (logits_to_keep).
+        return model(input_ids=ids, attention_mask=mask, position_ids=positions,
+                     logits_to_keep=width + 1).logits[:, :-1].float()
+    # On top of the cache: each prompt's last token, then the completion but its last token (which predicts
+    # nothing).
+    ids = torch.cat([prompt_ids[:, -1:], completion_ids[:, :-1]], 1)
+    return model(input_ids=ids, attention_mask=mask[:, :-1], position_ids=positions[:, prompt_width - 1:-1],
+                 use_cache=True, **cache).logits.float()
+
+
+def shared_prompt_cache(model, prompt_ids, prompt_mask):
+    """When rows share their prompt (a GRPO group: G completions of one prompt), the keys and values of
+    every prompt but its last token, computed once per distinct prompt and repeated for the rows that
+    share it, as {keyword: cache} for the model's forward or generate; else {} (nothing to share, or under
+    gradient checkpointing, where transformers keeps no cache).
+
+    Every row must run under the same weights: not for lowrank ES, whose rows differ by member.
+    Results equal one pass over every full row, up to floating-point rounding. Under autograd the repeat
+    is an indexing, so each row's gradient flows back to its prompt's one pass, summed."""
+    if prompt_ids.shape[1] < 2 or getattr(model, "is_activation_checkpointing", False):
+        return {}
+    distinct, row_prompt = torch.unique(torch.cat([prompt_ids, prompt_mask], 1), dim=0, return_inverse=True)
+    if len(distinct) == len(prompt_ids):
+        return {}
+    ids, mask = distinct[:, :prompt_ids.shape[1] - 1], distinct[:, prompt_ids.shape[1]:-1]
+    out = model(input_ids=ids, attention_mask=mask, position_ids=position_ids(mask), use_cache=True,
+                logits_to_keep=1)
+    name = "cache" if "cache" in out else "past_key_values"  # transformers' name: `cache` from 5.2x
+    out[name].batch_select_indices(row_prompt)
+    return {name: out[name]}

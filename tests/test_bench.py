@@ -17,11 +17,15 @@ def test_bench_es_prints_every_ratio(tmp_path):
     for mode in ("in-place", "lowrank"):
         efficiency = float(re.search(rf"ES {mode}.*efficiency ([0-9.]+)", text).group(1))
         assert 0 < efficiency < 10
-    assert re.search(r"in-place overhead .*: [0-9.]+%", text)
+    assert re.search(r"in-place overhead, the work itself .*: [0-9.]+%", text)
     drawing = re.search(r"drawing each member.s noise once: .*, ([0-9.]+) ns per perturbed weight", text)
     assert float(drawing.group(1)) > 0
     assert re.search(r"lowrank / in-place members per second: [0-9.]+x", text)
-    assert re.search(r"--mode auto picks: lowrank$", text, re.M)  # 8 prompts per member: lowrank (minies/placement.py)
+    outside = re.search(r"time outside scoring / inside: (-?[0-9.]+)% \(lowrank: (-?[0-9.]+)%\)", text)
+    assert outside and all(float(x) > -100 for x in outside.groups())
+    # 8 prompts per member: lowrank (minies/placement.py), with that mode's efficiency
+    picked = re.search(r"^--mode auto picks: lowrank, efficiency ([0-9.]+)$", text, re.M)
+    assert picked and float(picked.group(1)) == float(re.search(r"ES lowrank.*efficiency ([0-9.]+)", text).group(1))
     ratios = [float(r) for r in re.findall(r"step: \d+ MiB .* ratio ([0-9.]+)", text)]
     assert len(ratios) == 3 and all(r > 0.5 for r in ratios)
 

@@ -21,8 +21,9 @@ def weights(model):
 
 
 def make_es(model_dir, dtype="float32", load_in_8bit=False, **overrides):
+    """An ES on a small step, in place unless told otherwise (`auto` would pick lowrank for 8 prompts)."""
     model = load_model(model_dir, dtype, load_in_8bit, device="cpu")
-    cfg = ESConfig(**{"population": 4, "prompts_per_step": 8, **overrides})
+    cfg = ESConfig(**{"population": 4, "prompts_per_step": 8, "mode": "inplace", **overrides})
     return ES(model, load_tokenizer(model_dir), Arithmetic(test_size=50), cfg)
 
 
@@ -211,8 +212,13 @@ def test_lowrank_update_is_the_sum_of_rank_r_terms(tiny_model_dir):
         (n, np.full(len(problems), fake[n]), np.zeros(len(problems), bool), 10, [str(n)] * len(problems))
         for n in mine)
     t = es.tensors[2]
-    start = t.master.clone()
+    starts = [u.master.clone() for u in es.tensors]
+    start = starts[2]
     stats = es.step(Arithmetic(test_size=50).train_problems(8, seed=0), seed=11)
+    # The logged norm comes from the factors' Gram matrices (LowRankPopulation.add_update): it is the norm
+    # of what the masters moved.
+    moved = sum(float((u.master - s).pow(2).sum()) for u, s in zip(es.tensors, starts)) ** 0.5
+    assert stats["update_norm"] == pytest.approx(moved, rel=1e-4)
     assert stats["js_diversity"] == pytest.approx(1.0)  # every member gave its own answer everywhere
     z = normalize_rewards(fake, "rank")
     terms = []

@@ -190,8 +190,10 @@ def test_gradient_checkpointing_gives_the_same_gradient(tiny_model_dir):
     adv = torch.randn(len(r.texts), generator=torch.Generator().manual_seed(0))
     plain.update(r, adv)
     checkpointed.update(r, adv)
+    # Rounding apart: the plain model runs each group's prompt once (rollout.shared_prompt_cache), the
+    # checkpointed one, which keeps no cache, runs every row whole.
     for a, b in zip(plain.params, checkpointed.params):
-        torch.testing.assert_close(a.grad, b.grad, rtol=1e-5, atol=1e-8)
+        torch.testing.assert_close(a.grad, b.grad, rtol=1e-5, atol=1e-7)
 
 
 @pytest.mark.parametrize("eightbit,optim", [(False, "adamw"), (True, "adamw8bit")])

@@ -92,7 +92,7 @@ def test_model_defaults(model_dir, plain_model_dir):
 def test_es_perturbs_all_weights_of_a_model_without_defaults(model_dir, plain_model_dir):
     def perturbed(path, params=None):
         es = ES(load_model(path, device="cpu"), load_tokenizer(path), Arithmetic(test_size=5),
-                ESConfig(population=2, prompts_per_step=2, params=params))
+                ESConfig(population=2, prompts_per_step=2, params=params, mode="inplace"))
         return es.cfg.params, {t.name for t in es.tensors}
 
     params, names = perturbed(plain_model_dir)

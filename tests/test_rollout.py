@@ -157,6 +157,33 @@ def test_completion_logprobs_carry_gradients(model, tokenizer, prompts):
     model.zero_grad(set_to_none=True)
 
 
+def test_rows_sharing_a_prompt_run_it_once_with_the_same_logprobs_and_gradients(model, tokenizer, prompts):
+    """A GRPO group (G completions of one prompt) runs its prompt once; the log-probs and the gradient
+    are those of running every row as its own sequence (which is what a chunk of one row does)."""
+    group = [p for p in prompts[:3] for _ in range(4)]  # 3 prompts of different lengths, 4 completions each
+    r = generate(model, tokenizer, group, max_new_tokens=6, temperature=1.0, seed=5)
+    args = (r.prompt_ids, r.prompt_mask, r.completion_ids, r.completion_mask)
+    assert r.completion_ids.shape[1] > 1 and not r.prompt_mask.all()  # several tokens, some prompts padded
+    distinct = torch.unique(torch.cat([r.prompt_ids, r.prompt_mask], 1), dim=0)
+    assert len(distinct) == 3
+
+    def logps_and_grads(chunk):
+        model.zero_grad(set_to_none=True)
+        lp = completion_logprobs(model, *args, chunk=chunk)
+        (lp * r.completion_mask * torch.linspace(-1, 1, len(group))[:, None]).sum().backward()
+        grads = {name: p.grad.clone() for name, p in model.named_parameters() if p.grad is not None}
+        model.zero_grad(set_to_none=True)
+        return lp.detach(), grads
+
+    shared, shared_grads = logps_and_grads(chunk=len(group))
+    alone, alone_grads = logps_and_grads(chunk=1)
+    m = r.completion_mask.bool()
+    torch.testing.assert_close(shared[m], alone[m], atol=1e-5, rtol=1e-5)
+    assert shared_grads.keys() == alone_grads.keys() and len(shared_grads) == len(list(model.parameters()))
+    for name in alone_grads:
+        torch.testing.assert_close(shared_grads[name], alone_grads[name], atol=1e-5, rtol=1e-4, msg=name)
+
+
 def test_generate_is_seeded(model, tokenizer, task):
     questions = [p.question for p in task.test_problems()[:12]] * 2
     prompts = format_prompts(tokenizer, questions)
