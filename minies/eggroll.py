@@ -34,6 +34,7 @@ class LowRankPopulation:
     def __init__(self, model, tensors, rank, noise):
         """`tensors`: the ES's PerturbedTensors; `noise(seed, index, shape, device)`: its seeded N(0, 1) stream."""
         self.rank, self.noise = rank, noise
+        self.drawn = {}  # (seed, tensor index) -> this step's factors: (rows + cols)·r floats each
         embedding = model.get_input_embeddings()
         self.modules = matrix_modules(model, tensors)  # tensor index -> the modules whose forward uses it
         self.tensors = [t for t in tensors if t.index in self.modules]
@@ -44,17 +45,19 @@ class LowRankPopulation:
                 module.register_forward_hook(self.lookup_hook if module is embedding else self.hook)
 
     def factors(self, seed, t):
-        """A_n [out, r] and B_n [in, r] of one member for one tensor, in fp32 on the tensor's device."""
-        rows, cols = t.param.shape
-        ab = self.noise(seed, t.index, (rows + cols, self.rank), t.param.device)
-        return ab[:rows], ab[rows:]
+        """A_n [out, r] and B_n [in, r] of one member for one tensor, in fp32 on the tensor's device. Kept in
+        `drawn` until the step ends (ES.step clears it): scoring draws them and the update reuses them."""
+        if (seed, t.index) not in self.drawn:
+            rows, cols = t.param.shape
+            ab = self.noise(seed, t.index, (rows + cols, self.rank), t.param.device)
+            self.drawn[(seed, t.index)] = ab[:rows], ab[rows:]
+        return self.drawn[(seed, t.index)]
 
     @contextlib.contextmanager
     def members(self, members, sigma):
         """Inside the block, a forward over k·P rows runs row block j at θ + σ·sign_j·E_j, j < k = len(members)."""
         for t in self.tensors:
-            drawn = {seed: self.factors(seed, t) for seed in dict.fromkeys(seed for seed, _ in members)}  # a pair once
-            a, b = zip(*(drawn[seed] for seed, _ in members))
+            a, b = zip(*(self.factors(seed, t) for seed, _ in members))  # a mirrored pair's are drawn once
             scale = torch.tensor([sign * sigma / math.sqrt(self.rank) for _, sign in members], device=t.param.device)
             factors = (torch.stack(a).transpose(1, 2) * scale[:, None, None], torch.cat(b, 1))
             for module in self.modules[t.index]:

@@ -271,6 +271,8 @@ class ES:
         z = normalize_rewards(fitness.rewards, self.cfg.normalize)
         update_norm = self.update(members, z)
         self.noise_cache.clear()  # a step's noise is never needed again
+        if self.lowrank:
+            self.population.drawn.clear()
         return {**population_log(fitness, z, len(problems)), "update_norm": update_norm, "drift": self.drift(),
                 "seconds_per_member": fitness.seconds_per_member,
                 "tokens_per_second": fitness.tokens / max(time.time() - start, 1e-9),  # all ranks together
