@@ -171,6 +171,9 @@ def shared_prompt_cache(model, prompt_ids, prompt_mask):
     ids, mask = distinct[:, :prompt_ids.shape[1] - 1], distinct[:, prompt_ids.shape[1]:-1]
     out = model(input_ids=ids, attention_mask=mask, position_ids=position_ids(mask), use_cache=True,
                 logits_to_keep=1)
-    name = "cache" if "cache" in out else "past_key_values"  # transformers' name: `cache` from 5.2x
+    # transformers names it `cache` (from 5.2x) or `past_key_values`; a model that returns none: no sharing.
+    name = next((name for name in ("cache", "past_key_values") if out.get(name) is not None), None)
+    if name is None:
+        return {}
     out[name].batch_select_indices(row_prompt)
     return {name: out[name]}
