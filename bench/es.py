@@ -9,7 +9,8 @@ Every number is measured in this one run, side by side, and printed as ratios:
    step waits for besides generation: writing weights, the update, noise not drawn in the background);
    and in place, the work itself: a step whose scoring is stubbed, over scoring the N members alone;
 2. efficiency: generated tokens/s of an ES step over tokens/s of plain batched generation of the same
-   N·P rows in the same chunks (the limit ES can approach), for both modes; members/s of both modes;
+   N·P rows in the same chunks (the limit ES can approach), timed in turn with that mode's steps, for
+   both modes; members/s of both modes;
    the mode `--mode auto` picks for this shape (minies.placement.choose_mode); on CUDA, the time to copy
    one member's fp32 masters to the device (none when --master-device puts them there);
 3. memory: peak of an ES step (and of a GRPO step) over the peak of plain generation, each measured in
@@ -144,20 +145,26 @@ def speed(args):
     prompts = format_prompts(tok, [p.question for p in problems])
     rows = prompts * args.population
 
-    # The limit: plain generation of the same N·P rows, in the chunks lowrank ES uses.
+    # The limit: plain generation of the same N·P rows, in the chunks lowrank ES uses. It is timed in turn
+    # with each mode's steps, so that a drift in the machine's speed moves both sides of a ratio alike.
     chunk = max(1, args.micro_batch // args.prompts) * args.prompts
     timed(lambda: generate(model, tok, rows[:chunk], task.max_new_tokens, greedy=True, micro_batch=chunk), model)
-    plain_s, plain = timed(lambda: generate(model, tok, rows, task.max_new_tokens, greedy=True, micro_batch=chunk),
-                           model, args.repeats)
-    plain_tps = int(plain.lengths.sum()) / plain_s
-    result = {"plain_tokens_per_s": plain_tps,
-              "auto": choose_mode(args.prompts, args.population, args.micro_batch, model_device(model))}
 
-    for mode in ("inplace", "lowrank"):
+    def plain():
+        out = generate(model, tok, rows, task.max_new_tokens, greedy=True, micro_batch=chunk)
+        return int(out.lengths.sum())
+
+    result = {"auto": choose_mode(args.prompts, args.population, args.micro_batch, model_device(model))}
+    for mode in ("inplace", "lowrank"):  # in place first: lowrank's hooks, idle, stay on the model
         es = ES(model, tok, task, es_config(args, mode))
-        step_s, scored_s, stats = min((step_and_scoring(es, problems, model) for _ in range(args.repeats)),
-                                      key=lambda x: x[0])
-        result[mode] = {"step_s": step_s, "members_per_s": args.population / step_s,
+        plain_runs, steps = [], []
+        for _ in range(args.repeats):
+            plain_runs.append(timed(plain, model))
+            steps.append(step_and_scoring(es, problems, model))
+        plain_s, plain_tokens = min(plain_runs)
+        step_s, scored_s, stats = min(steps, key=lambda x: x[0])
+        plain_tps = plain_tokens / plain_s
+        result[mode] = {"step_s": step_s, "members_per_s": args.population / step_s, "plain_tokens_per_s": plain_tps,
                         "tokens_per_s": stats["tokens"] / step_s, "efficiency": stats["tokens"] / step_s / plain_tps,
                         "outside_scoring": (step_s - scored_s) / scored_s}
         if mode == "inplace":  # the work plain generation does not do, against the work it does
@@ -264,10 +271,10 @@ def step_time(args):
 def print_speed(args, r):
     """speed()'s result `r` as the report's lines."""
     ip, lr = r["inplace"], r["lowrank"]
-    print(f"plain generation             {r['plain_tokens_per_s']:9.0f} tokens/s")
     for name, m in (("in-place", ip), ("lowrank", lr)):
         print(f"ES {name:9s} step {m['step_s']:7.2f} s  {m['members_per_s']:6.2f} members/s  "
-              f"{m['tokens_per_s']:9.0f} tokens/s  efficiency {m['efficiency']:.2f}")
+              f"{m['tokens_per_s']:9.0f} tokens/s  efficiency {m['efficiency']:.2f}  "
+              f"(plain generation, timed in turn: {m['plain_tokens_per_s']:.0f} tokens/s)")
     print(f"in-place step, time outside scoring / inside: {100 * ip['outside_scoring']:.1f}% "
           f"(lowrank: {100 * lr['outside_scoring']:.1f}%)")
     print(f"in-place overhead, the work itself (writes, restore and update {ip['overhead_s']:.2f} s, scoring stubbed) "
