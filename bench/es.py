@@ -16,7 +16,8 @@ Every number is measured in this one run, side by side, and printed as ratios:
 3. memory: peak of an ES step (and of a GRPO step) over the peak of plain generation, each measured in
    a fresh subprocess (CUDA: max allocated on the device; CPU: the peak resident set while the workload
    runs, which includes the fp32 master copies and θ0 that ES keeps in host memory);
-4. torchrun: an ES step with 2 processes of 1 thread each against 1 process of 2 threads.
+4. torchrun: an ES step in the mode `--mode auto` picks, with 2 processes of 1 thread each against 1 process
+   of 2 threads.
 """
 import argparse
 import json
@@ -255,17 +256,18 @@ def passthrough(args):
 
 
 def step_time(args):
-    """Seconds of one ES step (after a warm-up step) under however many processes launched this one."""
+    """[seconds of one ES step (after a warm-up step), the mode `auto` picked] under however many processes
+    launched this one (the mode counts the members on each process)."""
     from minies import distributed
     distributed.init()
     model, tok = build(args)
     task, problems = bench_task(args, model)
-    es = ES(model, tok, task, es_config(args, "inplace"))
+    es = ES(model, tok, task, es_config(args, "auto"))
     es.step(problems, seed=0)
     distributed.barrier()
     seconds, _ = timed(lambda: es.step(problems, seed=1), model, args.repeats)
     distributed.close()
-    return seconds if distributed.is_main() else None
+    return [seconds, es.cfg.mode] if distributed.is_main() else None
 
 
 def print_speed(args, r):
@@ -318,8 +320,8 @@ def main():
         one = probe(args, "step", env={"OMP_NUM_THREADS": "2"})
         two = probe(args, "step", env={"OMP_NUM_THREADS": "1"},
                     launcher=[sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"])
-        print(f"torchrun, in-place step: 1 process x 2 threads {one:.2f} s, 2 processes x 1 thread {two:.2f} s, "
-              f"speed-up {one / two:.2f}x")
+        print(f"torchrun, the step --mode auto picks: 1 process x 2 threads {one[0]:.2f} s ({one[1]}), "
+              f"2 processes x 1 thread {two[0]:.2f} s ({two[1]}), speed-up {one[0] / two[0]:.2f}x")
 
 
 if __name__ == "__main__":

@@ -103,7 +103,7 @@ def restore_is_exact(model_dir, dtype, cycles):
     ids = tok(["<|im_start|>user\n1 2 3<|im_end|>\n"], return_tensors="pt").to(model_device(model))
     model(**ids)
     before = snapshot(model)
-    es = ES(model, tok, None, ESConfig(params=".*"))
+    es = ES(model, tok, None, ESConfig(params=".*", mode="inplace"))
     for seed, sign in member_seeds(0, cycles, antithetic=True):
         for t in es.tensors:
             t.perturbed(seed, sign, es.cfg.sigma)

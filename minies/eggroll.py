@@ -34,32 +34,35 @@ class LowRankPopulation:
     def __init__(self, model, tensors, rank, noise):
         """`tensors`: the ES's PerturbedTensors; `noise(seed, index, shape, device)`: its seeded N(0, 1) stream."""
         self.rank, self.noise = rank, noise
-        self.drawn = {}  # (seed, tensor index) -> this step's factors: (rows + cols)·r floats each
+        self.drawn = {}  # (seed, tensor index) -> this step's factors [out + in, r]
         embedding = model.get_input_embeddings()
         self.modules = matrix_modules(model, tensors)  # tensor index -> the modules whose forward uses it
         self.tensors = [t for t in tensors if t.index in self.modules]
-        # module -> (A stacked [k, r, out] with σ·sign/√r folded in, every member's B side by side [in, k·r])
+        # module -> (A stacked [k, r, out] with σ·sign/√r folded in, B stacked [k, r, in])
         self.active = {}
         for modules in self.modules.values():
             for module in modules:
                 module.register_forward_hook(self.lookup_hook if module is embedding else self.hook)
 
-    def factors(self, seed, t):
-        """A_n [out, r] and B_n [in, r] of one member for one tensor, in fp32 on the tensor's device. Kept in
-        `drawn` until the step ends (ES.step clears it): scoring draws them and the update reuses them."""
-        if (seed, t.index) not in self.drawn:
-            rows, cols = t.param.shape
-            ab = self.noise(seed, t.index, (rows + cols, self.rank), t.param.device)
-            self.drawn[(seed, t.index)] = ab[:rows], ab[rows:]
-        return self.drawn[(seed, t.index)]
+    def factors(self, seeds, t):
+        """[len(seeds), out + in, r]: each member seed's A_n [out, r] above its B_n [in, r] for one tensor, in
+        fp32 on the tensor's device. A seed's are kept in `drawn` until the step ends (ES.step clears it):
+        scoring draws them and the update reuses them."""
+        for seed in seeds:
+            if (seed, t.index) not in self.drawn:
+                self.drawn[(seed, t.index)] = self.noise(seed, t.index, (sum(t.param.shape), self.rank), t.param.device)
+        return torch.stack([self.drawn[(seed, t.index)] for seed in seeds])
 
     @contextlib.contextmanager
     def members(self, members, sigma):
         """Inside the block, a forward over k·P rows runs row block j at θ + σ·sign_j·E_j, j < k = len(members)."""
+        seeds = list(dict.fromkeys(seed for seed, _ in members))  # a mirrored pair's factors are drawn once
+        which = torch.tensor([seeds.index(seed) for seed, _ in members])
+        scale = torch.tensor([sign * sigma / math.sqrt(self.rank) for _, sign in members])
         for t in self.tensors:
-            a, b = zip(*(self.factors(seed, t) for seed, _ in members))  # a mirrored pair's are drawn once
-            scale = torch.tensor([sign * sigma / math.sqrt(self.rank) for _, sign in members], device=t.param.device)
-            factors = (torch.stack(a).transpose(1, 2) * scale[:, None, None], torch.cat(b, 1))
+            dev, rows = t.param.device, t.param.shape[0]
+            ab = self.factors(seeds, t)[which.to(dev)].transpose(1, 2)  # [k, r, out + in]
+            factors = ab[:, :, :rows] * scale.to(dev)[:, None, None], ab[:, :, rows:].contiguous()
             for module in self.modules[t.index]:
                 self.active[module] = factors
         try:
@@ -72,13 +75,10 @@ class LowRankPopulation:
         if module not in self.active:
             return None
         a, b = self.active[module]
-        k, r = a.shape[0], a.shape[1]
-        x = inputs[0].reshape(-1, inputs[0].shape[-1])
-        # One GEMM of every row against every member's B (k·r extra columns, cheap next to W's `out`),
-        # then keep each row block's own member: [k, rows_per_member·tokens, r]. A per-member bmm with
-        # an inner size of r is far slower on CPU than this and the broadcast products in add_low_rank.
-        s = (x.to(b.dtype) @ b).view(k, -1, k, r).diagonal(dim1=0, dim2=2).permute(2, 0, 1)
-        return add_low_rank(output, s, a)
+        x = inputs[0].reshape(a.shape[0], -1, inputs[0].shape[-1]).to(b.dtype)  # [k, rows_per_member·tokens, in]
+        # Each row block against its own member's B only: a batched [n, in] × [in, r] product. B is passed
+        # transposed ([k, r, in] viewed as [k, in, r]), the layout CPU GEMMs run fastest with a narrow r.
+        return add_low_rank(output, torch.bmm(x, b.transpose(1, 2)), a)
 
     def lookup_hook(self, module, inputs, output):
         """The embedding's: row E[t] of each looked-up token t gets σ·sign·A[t]·Bᵀ/√r of its row's member."""
@@ -88,16 +88,19 @@ class LowRankPopulation:
         k, r = a.shape[0], a.shape[1]
         ids = inputs[0].reshape(k, 1, -1).expand(k, r, -1)  # [k, r, rows_per_member·tokens]
         picked = a.gather(2, ids).transpose(1, 2)  # A_j[t] for each of member j's tokens t: [k, n, r]
-        return add_low_rank(output, picked, b.view(b.shape[0], k, r).permute(1, 2, 0))  # B as [k, r, hidden]
+        return add_low_rank(output, picked, b)
 
     def add_update(self, t, terms, scale):
         """t.master += scale·Σ c·E_seed over the M (seed, c) terms, as one [out, M·r] × [M·r, in] matmul
         accumulated into the master (no [out, in] temporary). Returns the update's squared Frobenius norm,
         from the factors alone: ‖a·bᵀ‖² = Σ (aᵀa) ⊙ (bᵀb), two [M·r, M·r] Gram matrices."""
-        a, b = zip(*(self.factors(seed, t) for seed, _ in terms))
-        c = torch.tensor([c for _, c in terms], device=t.param.device).repeat_interleave(self.rank)
-        a = check_finite(f"the update of {t.name}", torch.cat(a, 1) * (c * scale / math.sqrt(self.rank)))
-        a, b = a.to(t.master.device), torch.cat(b, 1).to(t.master.device)
+        seeds, c = zip(*terms)
+        rows, r = t.param.shape[0], self.rank
+        ab = self.factors(seeds, t).permute(1, 0, 2)  # [out + in, M, r]
+        a, b = ab[:rows].reshape(rows, -1), ab[rows:].reshape(-1, len(seeds) * r)  # [out, M·r], [in, M·r]
+        c = torch.tensor(c, device=t.param.device).repeat_interleave(r)
+        a = check_finite(f"the update of {t.name}", a * (c * scale / math.sqrt(r)))
+        a, b = a.to(t.master.device), b.to(t.master.device)
         t.master.addmm_(a, b.T)
         return float(((a.T @ a) * (b.T @ b)).sum())
 
@@ -123,6 +126,6 @@ def add_low_rank(output, coeffs, vectors):
     if output.shape[0] % k:
         raise RuntimeError(f"batch of {output.shape[0]} rows does not split into {k} member blocks")
     out = output.view(k, -1, output.shape[-1])
-    for i in range(coeffs.shape[2]):
-        out.addcmul_(coeffs[:, :, i, None].to(out.dtype), vectors[:, None, i, :].to(out.dtype))
+    for c, v in zip(coeffs.split(1, 2), vectors.split(1, 1)):  # rank by rank: [k, n, 1] ⊗ [k, 1, dim]
+        out.addcmul_(c.to(out.dtype), v.to(out.dtype))
     return output

@@ -7,22 +7,18 @@ from minies import UserError
 
 def choose_mode(prompts, population, micro_batch, device):
     """`lowrank` or `inplace` for a step of `prompts` rows per member, `population` members on this
-    process and `micro_batch` rows per generate call: lowrank when one member's rows are too few to
-    keep the device busy (prompts <= 128); on CUDA also only when a call holds two members or more.
+    process and `micro_batch` rows per generate call: lowrank, except on CUDA when a generate call holds
+    a single member.
 
-    From bench.es on the shipped model (docs/speed.md, "Choosing the mode"; 2-core CPU, one thread, N=32
-    unless noted), lowrank ÷ in-place members/s with k members per generate call: P=16: 2.33x (k=32),
-    1.18x (k=1); P=64: 1.09x (k=16); P=128: 1.06x (k=8); P=256: 0.72x (k=4), 0.96x (N=8, k=1).
-    With few rows per member, in-place ES pays for writing 1M weights per member (30% of the scoring at
-    P=16) and generates small batches; from P=256 rows on, one member's batch keeps the thread busy and
-    lowrank's forward hooks cost more than the writing they save.
+    From bench.es on the shipped model (docs/speed.md, "Choosing the mode"; 2-core CPU, N=32 unless
+    noted), lowrank ÷ in-place members/s with k members per generate call: P=16: 4.5x (k=32); P=256:
+    1.13x with two threads, 1.00x with one (k=4), 1.04x (N=8, k=1); a Qwen2.5-0.5B-shaped model at P=8:
+    4.7x (k=4). Lowrank's forward hooks add a few per cent to a forward pass; in place pays for writing
+    every perturbed weight for every member and generates one member's rows per call.
     On CUDA nothing is measured yet. Writing the weights there runs near memory bandwidth, so lowrank has
-    nothing to gain with one member per call, hence the second condition; at the default step (P=256)
-    both devices pick inplace."""
+    nothing to gain with one member per call, hence the exception."""
     members_per_call = min(micro_batch // prompts, population)
-    if device.type == "cuda" and members_per_call < 2:
-        return "inplace"
-    return "lowrank" if prompts <= 128 else "inplace"
+    return "inplace" if device.type == "cuda" and members_per_call < 2 else "lowrank"
 
 
 def master_device(choice, device, perturbed, free_bytes=None):

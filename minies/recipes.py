@@ -20,9 +20,9 @@ RECIPES = {
     "qiu2025": Recipe(
         ("es",),
         {"population": 30, "sigma": 1e-3, "alpha": 5e-4, "normalize": "zscore", "antithetic": False,
-         "params": ".*", "greedy": True, "steps": 500},
-        "ES as in Qiu et al. 2025: N=30, σ=1e-3, α=5e-4, z-scored rewards, no mirrored pairs, all weights, "
-        "greedy scoring, 500 iterations"),
+         "params": ".*", "mode": "inplace", "greedy": True, "steps": 500},
+        "ES as in Qiu et al. 2025: N=30, σ=1e-3, α=5e-4, z-scored rewards, no mirrored pairs, full-rank noise "
+        "on all weights (in place), greedy scoring, 500 iterations"),
     "3po": Recipe(
         ("c3po", "b3po", "m3po"),
         {"ess": 1e9, "hess_init": 1e-3, "beta1": 0.9, "beta2": 0.9999, "weight_decay": 1e-6, "lr": 1.0,

@@ -22,8 +22,8 @@ def parse(*argv):
 def test_qiu2025_sets_the_papers_es():
     cfg, es = parse("--recipe", "qiu2025")
     assert cfg.algo == "es" and cfg.recipe == "qiu2025" and cfg.steps == 500
-    assert (es.population, es.sigma, es.alpha, es.normalize, es.antithetic, es.params, es.greedy) == (
-        30, 1e-3, 5e-4, "zscore", False, ".*", True)
+    assert (es.population, es.sigma, es.alpha, es.normalize, es.antithetic, es.params, es.greedy, es.mode) == (
+        30, 1e-3, 5e-4, "zscore", False, ".*", True, "inplace")
 
 
 def test_explicit_flags_win_over_a_recipe():
@@ -83,6 +83,10 @@ def plain_model_dir(tmp_path_factory, model_dir):
 def test_model_defaults(model_dir, plain_model_dir):
     shipped = model_defaults(load_config(model_dir))
     assert shipped["prompt_style"] == "terse" and shipped["es_params"] == r"embed_tokens|layers\.0\."
+    # ES on the shipped model runs in place, as its results were measured; other models get --mode auto
+    assert shipped["algorithms"] == {"es": {"mode": "inplace"}}
+    assert parse("--model", model_dir)[1].mode == "inplace" and parse("--model", plain_model_dir)[1].mode == "auto"
+    assert parse("--model", model_dir, "--mode", "auto")[1].mode == "auto"
     assert model_defaults(load_config(plain_model_dir)) == MODEL_DEFAULTS == {
         "prompt_style": "instruct", "es_params": ".*", "algorithms": {}}
     assert prompt_style_for("auto", load_config(plain_model_dir)) == "instruct"
