@@ -33,8 +33,9 @@ import torch
 
 from bench.qwen_shapes import QWEN_05B
 from minies.config import TaskOptions, add_arguments, from_args, option, option_of
-from minies.es import ES, ESConfig, member_seeds, noise
+from minies.es import ES, ESConfig, member_seeds
 from minies.models import SHIPPED_MODEL, load_model, load_tokenizer, model_device, prompt_style_for
+from minies.perturbed import noise
 from minies.placement import choose_mode
 from minies.rollout import format_prompts, generate
 from minies.tasks import get_task
@@ -155,7 +156,7 @@ def speed(args):
         out = generate(model, tok, rows, task.max_new_tokens, greedy=True, micro_batch=chunk)
         return int(out.lengths.sum())
 
-    result = {"auto": choose_mode(args.prompts, args.population, args.micro_batch, model_device(model))}
+    result = {"auto": choose_mode(args.prompts, args.population, args.micro_batch)}
     for mode in ("inplace", "lowrank"):  # in place first: lowrank's hooks, idle, stay on the model
         es = ES(model, tok, task, es_config(args, mode))
         plain_runs, steps = [], []
@@ -266,8 +267,9 @@ def step_time(args):
     es.step(problems, seed=0)
     distributed.barrier()
     seconds, _ = timed(lambda: es.step(problems, seed=1), model, args.repeats)
+    main = distributed.is_main()  # asked before close(): after it every process would be rank 0
     distributed.close()
-    return [seconds, es.cfg.mode] if distributed.is_main() else None
+    return [seconds, es.cfg.mode] if main else None
 
 
 def print_speed(args, r):

@@ -15,7 +15,7 @@ The update is the same seeded sum as in-place ES, one matmul per matrix added in
 
     θ ← θ + α·(1/N)·Σ_n z_n·E_n = θ + α/(N·√r) · [A_1 … A_N] · diag(z) · [B_1 … B_N]ᵀ
 
-accumulated in fp32 and applied to the same fp32 master copies as in-place ES (minies/es.py).
+accumulated in fp32 and applied to the same fp32 master copies as in-place ES (minies/perturbed.py).
 
 The input embedding E [vocab, hidden] is a matrix too: a lookup of token t returns row E[t], so its
 hook adds σ·A_n[t]·B_nᵀ/√r to the looked-up rows. When the LM head is tied to it (logits = h·Eᵀ), the

@@ -15,36 +15,16 @@ costs more than everything else a write does, a step keeps each ε it drew in ho
 step's noise fits in NOISE_CACHE_BYTES, so each is drawn once per step, not three times, and in the
 background while the member before is scored; the values, and so every result, are the same either way.
 
-Exact restore and lossless updates. Adding σ·ε and subtracting it again is not exact in floating
-point (in bf16 it changes ~7% of the elements per cycle). So the weights that matter live in an fp32
-*master* copy of each perturbed tensor. The model's tensor is only ever *written* from the master:
-clean = cast(master), perturbed = cast(master + σ·ε). Writing clean weights is therefore bit-exact
-however many cycles ran, and the update is accumulated and applied to the fp32 master, so steps below
-the bf16 spacing are not lost.
-Memory: 4 bytes per perturbed parameter for the master plus 4 for θ0 (for the drift log, on the host).
-The masters are host memory on a CPU; on CUDA (--master-device) they stay on the device when they fit,
-so writing a member copies nothing, else they are pinned host memory, copied asynchronously.
-
-8-bit models (bitsandbytes LLM.int8): a Linear8bitLt holds int8 weights W8 and one fp32 scale s per
-row (W ≈ W8·s/127, s = the row's largest |weight|). Its master is the dequantized fp32 weight; perturbed
-and clean weights are written by re-quantizing: W8 = clamp(round(x·127/s), −127, 127). The update reaches
-the int8 weights the same way, while the fp32 master keeps the sub-step part. Noise smaller than half an
-int8 step (s/254) rounds away, so σ must be comparable to the weights' int8 spacing. Two edge effects:
-- A perturbed weight beyond its row's largest |weight| clamps at ±127 (its noise is cut short). The
-  scales stay fixed while scoring, so restoring stays exact; the log's `int8_clamped` is the fraction of
-  int8 elements clamped per member (a fraction of a percent at the σ that works).
-- An *update* that moves a master row past its scale would be clamped for good, and the model would
-  silently drift from its master. So writing the clean weights rescales such a row: its scale becomes the
-  row's largest |master| and the row is re-quantized. The model always equals quantize(master), within
-  half an int8 step per element, and the drift the log reports is the model's.
-Embeddings and norms are float tensors and are perturbed like any float weight.
+Exact restore and lossless updates: each perturbed tensor keeps an fp32 master copy, and the model's
+tensor is only ever written from it (clean = cast(master), perturbed = cast(master + σ·ε)), in bf16 and
+in 8-bit alike; minies/perturbed.py explains why and how.
 
 Two ways to score the population (--mode). `inplace` (above) writes each member's weights into the
 model and scores the members one after another. `lowrank` (EGGROLL, minies/eggroll.py) never modifies
 the weights while scoring: each member's noise is a rank-r matrix added in the forward pass, so several
 members generate together in one batch; the update and the fp32 masters are the same as in place.
-`--mode auto` (the default) picks the faster one for the batch shape (minies/placement.py): lowrank,
-except on CUDA with one member per generate call. Lowrank perturbs only the weight matrices that --params
+`--mode auto` (the default) picks the faster one for the batch shape (minies/placement.py): lowrank
+when a generate call holds two members or more, else in place. Lowrank perturbs only the weight matrices that --params
 names, so auto stays in place when --params names none. The shipped models and the qiu2025 recipe name
 `inplace`, the mode their settings were tuned and their results measured in.
 
@@ -68,7 +48,8 @@ from minies.eggroll import LowRankPopulation, matrix_modules
 from minies.evaluate import score_rollouts
 from minies.guard import check_finite
 from minies.metrics import average_ranks
-from minies.models import int8_row_scales, model_defaults, model_device
+from minies.models import model_defaults, model_device
+from minies.perturbed import PerturbedTensor, noise
 from minies.placement import choose_mode, master_device
 from minies.rollout import format_prompts, generate
 
@@ -107,13 +88,6 @@ def member_seeds(step_seed, population, antithetic):
             raise UserError(f"--population {population}: must be even with --antithetic")
         return [(int(s), sign) for s in rng.integers(0, 2**62, population // 2) for sign in (1.0, -1.0)]
     return [(int(s), 1.0) for s in rng.integers(0, 2**62, population)]
-
-
-def noise(seed, index, shape, device):
-    """ε for one tensor: an independent stream per (member seed, tensor index), identical on every rank."""
-    g = torch.Generator(device=device)
-    g.manual_seed((seed * 1_000_003 + index) % 2**63)
-    return torch.randn(shape, generator=g, device=device, dtype=torch.float32)
 
 
 def normalize_rewards(rewards, how):
@@ -156,55 +130,6 @@ def population_log(fitness, z, num_problems):
     }
 
 
-class PerturbedTensor:
-    """One parameter the ES perturbs: its fp32 master (on `device`) and how to write values into it."""
-
-    def __init__(self, index, name, param, module, device=torch.device("cpu")):
-        self.index, self.name, self.param, self.module = index, name, param, module
-        self.int8 = param.dtype == torch.int8
-        self.master = self.dequantized().detach().float().to(device, copy=True)
-        if device.type == "cpu" and param.device.type == "cuda":
-            self.master = self.master.pin_memory()  # so that each member's copy to the device is asynchronous
-        self.clamped = 0  # int8 elements clamped to ±127 by perturbed writes, summed until the caller resets it
-
-    def dequantized(self):
-        return self.param.float() * int8_row_scales(self.module) / 127 if self.int8 else self.param
-
-    @torch.no_grad()
-    def write(self, values, rescale=False):
-        """Make the model's tensor the cast of the fp32 `values` (which are on the param's device).
-        int8: W8 = round(values·127/s) with the layer's row scales s. With `rescale`, a row whose largest
-        |value| exceeds its scale first gets that value as its new scale (written into the layer), so the
-        row is re-quantized instead of clamped; otherwise clamped elements are counted in `clamped`."""
-        if self.int8:
-            scales = int8_row_scales(self.module)  # a view of the layer's own scales
-            if rescale:
-                torch.maximum(scales, values.abs().amax(1, keepdim=True), out=scales)
-            values = torch.round(values * 127 / scales.clamp(min=torch.finfo(torch.float32).tiny))
-            self.clamped += int(values.abs().gt(127).sum())
-            values.clamp_(-127, 127)
-        self.param.copy_(values.to(self.param.dtype))
-
-    def clean(self):
-        """Write the master itself. For int8 rows that an update moved past their scale, rescale (above):
-        the model then always equals quantize(master), within half an int8 step per element."""
-        self.write(self.on_device(), rescale=True)
-
-    @torch.no_grad()
-    def perturbed(self, seed, sign, sigma, eps=None):
-        """Write θ + sign·σ·ε, ε regenerated from `seed` unless given (`eps` is left unchanged: ES's step cache
-        hands it out again)."""
-        eps = noise(seed, self.index, self.param.shape, self.param.device) if eps is None else eps
-        if self.param.dtype == torch.float32:  # computed in the param itself: the same values, two passes fewer
-            torch.mul(eps, sign * sigma, out=self.param).add_(self.on_device())
-        else:
-            self.write(torch.mul(eps, sign * sigma).add_(self.on_device()))
-
-    def on_device(self):
-        """The master on the param's device: itself when it lives there, else an asynchronous copy."""
-        return self.master.to(self.param.device, non_blocking=True)
-
-
 NOISE_CACHE_BYTES = 2**30  # host memory a step's noise may take when in-place ES keeps it (ES.noise)
 
 
@@ -228,7 +153,7 @@ class ES:
         if config.mode == "auto":  # resolved here, so config.json records the mode that ran
             # In place when --params names no weight matrix: lowrank would have nothing to perturb.
             config.mode = "inplace" if not matrix_modules(model, self.tensors) else choose_mode(
-                config.prompts_per_step, -(-config.population // distributed.world_size()), config.micro_batch, device)
+                config.prompts_per_step, -(-config.population // distributed.world_size()), config.micro_batch)
         self.lowrank, self.population = config.mode == "lowrank", None
         if self.lowrank:
             self.population = LowRankPopulation(model, self.tensors, config.rank, noise)

@@ -5,20 +5,21 @@ import torch
 from minies import UserError
 
 
-def choose_mode(prompts, population, micro_batch, device):
+def choose_mode(prompts, population, micro_batch):
     """`lowrank` or `inplace` for a step of `prompts` rows per member, `population` members on this
-    process and `micro_batch` rows per generate call: lowrank, except on CUDA when a generate call holds
-    a single member.
+    process and `micro_batch` rows per generate call: lowrank when a generate call holds two members or
+    more, else in place.
 
-    From bench.es on the shipped model (docs/speed.md, "Choosing the mode"; 2-core CPU, N=32 unless
-    noted), lowrank ÷ in-place members/s with k members per generate call: P=16: 4.5x (k=32); P=256:
-    1.13x with two threads, 1.00x with one (k=4), 1.04x (N=8, k=1); a Qwen2.5-0.5B-shaped model at P=8:
-    4.7x (k=4). Lowrank's forward hooks add a few per cent to a forward pass; in place pays for writing
-    every perturbed weight for every member and generates one member's rows per call.
-    On CUDA nothing is measured yet. Writing the weights there runs near memory bandwidth, so lowrank has
-    nothing to gain with one member per call, hence the exception."""
-    members_per_call = min(micro_batch // prompts, population)
-    return "inplace" if device.type == "cuda" and members_per_call < 2 else "lowrank"
+    From bench.es on the shipped model (docs/speed.md, "Choosing the mode"; 2-core CPU, one thread, N=32
+    unless noted), lowrank ÷ in-place members/s with k members per generate call: P=16: 3.35x (k=32),
+    0.62x (k=1); P=64: 1.66x (k=16); P=128: 1.00x (k=8); P=256: 0.96x (k=4; 0.96-1.13x with two
+    threads), 1.06x (N=8, k=1); a Qwen2.5-0.5B-shaped model at P=8: 3.9x (k=4). Lowrank batches members,
+    and in place pays for writing every perturbed weight for every member; with one member per call
+    lowrank has nothing to batch, and its forward hooks and per-call factor set-up cost more than the
+    writes on a small batch. From P=128 on the two are level.
+    On CUDA nothing is measured yet; writing the weights there runs near memory bandwidth, which only
+    strengthens the case for in place with one member per call."""
+    return "lowrank" if min(micro_batch // prompts, population) >= 2 else "inplace"
 
 
 def master_device(choice, device, perturbed, free_bytes=None):

@@ -9,8 +9,9 @@ import torch
 from safetensors.torch import load_file
 
 from minies import UserError
-from minies.es import ES, ESConfig, PerturbedTensor, member_seeds, noise, normalize_rewards
+from minies.es import ES, ESConfig, member_seeds, normalize_rewards
 from minies.models import int8_row_scales, load_model, load_tokenizer
+from minies.perturbed import PerturbedTensor, noise
 from minies.tasks import Arithmetic
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
