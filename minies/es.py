@@ -24,9 +24,9 @@ model and scores the members one after another. `lowrank` (EGGROLL, minies/eggro
 the weights while scoring: each member's noise is a rank-r matrix added in the forward pass, so several
 members generate together in one batch; the update and the fp32 masters are the same as in place.
 `--mode auto` (the default) picks the faster one for the batch shape (minies/placement.py): lowrank
-when a generate call holds two members or more, else in place. Lowrank perturbs only the weight matrices that --params
-names, so auto stays in place when --params names none. The shipped models and the qiu2025 recipe name
-`inplace`, the mode their settings were tuned and their results measured in.
+when a generate call holds two members or more, else in place. Lowrank perturbs only the weight
+matrices that --params names, so auto stays in place when --params names none. The shipped models and
+the qiu2025 recipe name `inplace`, the mode their settings were tuned and their results measured in.
 
 Distributed: member n is scored on rank n mod P (a static split, so runs are reproducible); the N
 rewards are summed with one all-reduce; every rank then applies the same update to its own replica, so
