@@ -182,7 +182,7 @@ def speed(args):
                                              ["0"] * len(problems))
             overhead_s, _ = timed(lambda: es.step(problems, seed=0), model, args.repeats)
             result[mode].update(overhead=overhead_s / score_s, overhead_s=overhead_s, score_s=score_s,
-                                noise_s=noise_s, noise_cache=es.cache_noise, copy_s=copy_s / len(members),
+                                noise_s=noise_s, noise_cache=es.noise.cached, copy_s=copy_s / len(members),
                                 masters=es.cfg.master_device, weights=sum(t.param.numel() for t in es.tensors))
         for t, t0 in zip(es.tensors, es.theta0):  # undo this mode's steps before measuring the next one
             t.master.copy_(t0)

@@ -12,8 +12,8 @@ reward landscape from the estimate. No noise needs storing: every ε_n is regene
 once to perturb and once for the update (where a mirrored pair's two terms merge into one, (z_{2k} −
 z_{2k+1})·ε_{2k}), one parameter tensor at a time, on that tensor's device. On a CPU, where drawing ε
 costs more than everything else a write does, a step keeps each ε it drew in host memory when all of the
-step's noise fits in NOISE_CACHE_BYTES, so each is drawn once per step, not three times, and in the
-background while the member before is scored; the values, and so every result, are the same either way.
+step's noise fits in 1 GiB, so each is drawn once per step, not three times, and in the background
+while the member before is scored (StepNoise, minies/perturbed.py); every result is the same either way.
 
 Exact restore and lossless updates: each perturbed tensor keeps an fp32 master copy, and the model's
 tensor is only ever written from it (clean = cast(master), perturbed = cast(master + σ·ε)), in bf16 and
@@ -22,7 +22,8 @@ in 8-bit alike; minies/perturbed.py explains why and how.
 Two ways to score the population (--mode). `inplace` (above) writes each member's weights into the
 model and scores the members one after another. `lowrank` (EGGROLL, minies/eggroll.py) never modifies
 the weights while scoring: each member's noise is a rank-r matrix added in the forward pass, so several
-members generate together in one batch; the update and the fp32 masters are the same as in place.
+members generate together in one batch; the update is the same as in place, into the same fp32 masters
+(a float32 weight is its own master there: lowrank never writes perturbed values into the model).
 `--mode auto` (the default) picks the faster one for the batch shape (minies/placement.py): lowrank
 when a generate call holds two members or more, else in place. Lowrank perturbs only the weight
 matrices that --params names, so auto stays in place when --params names none. The shipped models and
@@ -34,7 +35,6 @@ the weights stay identical without ever being communicated.
 """
 import re
 import time
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -49,9 +49,9 @@ from minies.evaluate import score_rollouts
 from minies.guard import check_finite
 from minies.metrics import average_ranks
 from minies.models import model_defaults, model_device
-from minies.perturbed import PerturbedTensor, noise
+from minies.perturbed import PerturbedTensor, StepNoise, noise
 from minies.placement import choose_mode, master_device
-from minies.rollout import format_prompts, generate
+from minies.rollout import encode, format_prompts, generate
 
 
 @dataclass
@@ -130,7 +130,7 @@ def population_log(fitness, z, num_problems):
     }
 
 
-NOISE_CACHE_BYTES = 2**30  # host memory a step's noise may take when in-place ES keeps it (ES.noise)
+DRIFT_CHUNK = 2**18  # elements per chunk of ES.drift: 1 MB of fp32, cache-sized
 
 
 class ES:
@@ -158,27 +158,27 @@ class ES:
         if self.lowrank:
             self.population = LowRankPopulation(model, self.tensors, config.rank, noise)
             self.tensors = self.population.tensors
+            for t in self.tensors:
+                t.share_param()  # before θ0 is copied below: the masters' copies are freed first
         if not self.tensors:
             in_mode = " that lowrank mode perturbs (weights of Linear and embedding layers)" if self.lowrank else ""
             raise UserError(f"--params {config.params!r} matches no parameter of the model{in_mode}")
         self.theta0 = [t.master.cpu().clone() for t in self.tensors]
-        # In place on a CPU, a step draws each ε once instead of three times (a mirrored pair's two writes and
-        # the update) when the step's noise fits in NOISE_CACHE_BYTES of host memory: drawing costs more than
-        # all the other writes (docs/speed.md). Never on an accelerator, where drawing is cheap and memory not.
+        # In place: each member's ε, kept for the step when that pays (minies/perturbed.py).
         seeds = config.population // 2 if config.antithetic else config.population
-        noise_bytes = 4 * seeds * sum(t.param.numel() for t in self.tensors)
-        self.cache_noise = not self.lowrank and device.type == "cpu" and noise_bytes <= NOISE_CACHE_BYTES
-        self.noise_cache = {}
-        self.draw_pool = ThreadPoolExecutor(torch.get_num_threads()) if self.cache_noise else None
+        self.noise = None if self.lowrank else StepNoise(self.tensors, seeds, device)
         for p in model.parameters():
             p.requires_grad_(False)  # ES never needs gradients; this also keeps generate cheap
 
     def format(self, problems):
-        return format_prompts(self.tokenizer, [p.question for p in problems], self.chat_template)
+        """The prompts of `problems`, chat-formatted and tokenized (rollout.encode): once per step, as every
+        member is scored on them (per member, they would cost several per cent of its scoring)."""
+        questions = [p.question for p in problems]
+        return encode(self.tokenizer, format_prompts(self.tokenizer, questions, self.chat_template))
 
     @torch.no_grad()
     def score(self, problems, prompts, seed, micro_batch=None):
-        """Per-prompt rewards of the model as it is now on `problems` (`prompts`: their formatted text),
+        """Per-prompt rewards of the model as it is now on `problems` (`prompts`: their ES.format),
         per-prompt truncation flags, the number of generated tokens, and per-prompt outcome labels
         (minies.analysis.answer_outcome) for the population's diversity."""
         r = generate(self.model, self.tokenizer, prompts, self.task.max_new_tokens, self.cfg.temperature,
@@ -196,9 +196,7 @@ class ES:
         fitness = self.score_population(members, problems, seed)  # R_n of every member, over all ranks
         z = normalize_rewards(fitness.rewards, self.cfg.normalize)
         update_norm = self.update(members, z)
-        self.noise_cache.clear()  # a step's noise is never needed again
-        if self.lowrank:
-            self.population.drawn.clear()
+        (self.population.drawn if self.lowrank else self.noise).clear()  # a step's noise is never needed again
         return {**population_log(fitness, z, len(problems)), "update_norm": update_norm, "drift": self.drift(),
                 "seconds_per_member": fitness.seconds_per_member,
                 "tokens_per_second": fitness.tokens / max(time.time() - start, 1e-9),  # all ranks together
@@ -217,7 +215,7 @@ class ES:
         start = time.time()
         mine = distributed.shard(list(range(len(members))))
         outcomes = {}
-        prompts = self.format(problems)  # once per step: the chat template costs ~6% of a member's scoring
+        prompts = self.format(problems)
         for n, per_prompt, truncated, count, labels in self.score_members(members, mine, problems, prompts, seed):
             rewards[n], errors[n] = per_prompt.mean(), per_prompt.std() / np.sqrt(len(per_prompt))
             counts += torch.tensor([count, truncated.sum(), 0.0], dtype=torch.float64)
@@ -258,8 +256,14 @@ class ES:
         return update_sq ** 0.5
 
     def drift(self):
-        """‖θ − θ0‖ over the perturbed tensors."""
-        return sum(float((t.master.cpu() - t0).pow(2).sum()) for t, t0 in zip(self.tensors, self.theta0)) ** 0.5
+        """‖θ − θ0‖ over the perturbed tensors, a chunk at a time: a whole tensor's difference would be a
+        temporary as large as the tensor, allocated and freed every step (a 0.5B model's embedding: 0.5 GB;
+        its drift took 2 s a step that way, 0.2 s in chunks); a chunk's stays in cache."""
+        squares = 0.0
+        for t, t0 in zip(self.tensors, self.theta0):
+            for chunk, chunk0 in zip(t.master.reshape(-1).split(DRIFT_CHUNK), t0.reshape(-1).split(DRIFT_CHUNK)):
+                squares += float(torch.dist(chunk.cpu(), chunk0)) ** 2
+        return squares ** 0.5
 
     def score_members(self, members, mine, problems, prompts, seed):
         """Yield (n, per-prompt rewards, per-prompt truncation flags, generated tokens, per-prompt outcomes)
@@ -271,7 +275,7 @@ class ES:
                 for t in self.tensors:
                     t.perturbed(member_seed, sign, self.cfg.sigma, eps=self.noise(member_seed, t))
                 if i + 1 < len(mine):
-                    self.draw(members[mine[i + 1]][0])  # the next member's ε, drawn while this one is scored
+                    self.noise.prefetch(members[mine[i + 1]][0])  # the next member's ε, while this one is scored
                 yield (n, *self.score(problems, prompts, seed))
             for t in self.tensors:
                 t.clean()
@@ -283,7 +287,8 @@ class ES:
         for start in range(0, len(mine), per_call):
             group = mine[start:start + per_call]
             with self.population.members([members[n] for n in group], self.cfg.sigma):
-                per_row, truncated, count, labels = self.score(problems * len(group), prompts * len(group), seed,
+                batch = {name: value.repeat(len(group), 1) for name, value in prompts.items()}  # member-major
+                per_row, truncated, count, labels = self.score(problems * len(group), batch, seed,
                                                                micro_batch=len(group) * len(problems))
             for j, n in enumerate(group):
                 rows = slice(j * len(problems), (j + 1) * len(problems))
@@ -296,21 +301,6 @@ class ES:
         for seed, c in terms:
             total.add_(self.noise(seed, t), alpha=c)
         return total
-
-    def noise(self, seed, t):
-        """ε of the member seed for tensor t: regenerated, or this step's copy when the step caches its noise."""
-        if not self.cache_noise:
-            return noise(seed, t.index, t.param.shape, t.param.device)
-        return self.draw(seed)[t.index].result()
-
-    def draw(self, seed):
-        """When the step caches its noise: {tensor index: future ε} of the member seed, drawn once per step on
-        as many threads as torch uses, in the background (score_members asks for the next member's while
-        scoring this one). Each tensor has its own generator, so the values do not depend on the thread."""
-        if self.cache_noise and seed not in self.noise_cache:
-            self.noise_cache[seed] = {t.index: self.draw_pool.submit(noise, seed, t.index, t.param.shape,
-                                                                     t.param.device) for t in self.tensors}
-        return self.noise_cache.get(seed)
 
     def state_dict(self):
         return {"master": [t.master.cpu() for t in self.tensors], "theta0": self.theta0}

@@ -7,6 +7,7 @@ clean = cast(master), perturbed = cast(master + σ·ε). Writing clean weights i
 however many cycles ran, and the update is accumulated and applied to the fp32 master, so steps below
 the bf16 spacing are not lost.
 Memory: 4 bytes per perturbed parameter for the master plus 4 for θ0 (for the drift log, on the host).
+Lowrank ES never writes perturbed values into the model, so there a float32 param is its own master.
 The masters are host memory on a CPU; on CUDA (--master-device) they stay on the device when they fit,
 so writing a member copies nothing, else they are pinned host memory, copied asynchronously.
 
@@ -24,9 +25,13 @@ int8 step (s/254) rounds away, so σ must be comparable to the weights' int8 spa
   half an int8 step per element, and the drift the log reports is the model's.
 Embeddings and norms are float tensors and are perturbed like any float weight.
 """
+from concurrent.futures import ThreadPoolExecutor
+
 import torch
 
 from minies.models import int8_row_scales
+
+NOISE_CACHE_BYTES = 2**30  # host memory a step's noise may take when StepNoise keeps it
 
 
 def noise(seed, index, shape, device):
@@ -34,6 +39,40 @@ def noise(seed, index, shape, device):
     g = torch.Generator(device=device)
     g.manual_seed((seed * 1_000_003 + index) % 2**63)
     return torch.randn(shape, generator=g, device=device, dtype=torch.float32)
+
+
+class StepNoise:
+    """In-place ES's ε of each member seed and tensor in a step: regenerated from the seed at each use, or
+    kept. On a CPU drawing ε costs more than everything else a write does (docs/speed.md), so when the
+    whole step's noise fits in NOISE_CACHE_BYTES of host memory each ε is drawn once per step instead of
+    three times (a mirrored pair's two writes and the update), on as many threads as torch uses, in the
+    background while the member before is scored. Each tensor has its own generator, so the values, and
+    every result, are the same either way. Never kept on an accelerator, where drawing is cheap and memory
+    is not."""
+
+    def __init__(self, tensors, seeds, device):
+        """`seeds`: the distinct member seeds per step (N/2 with mirrored pairs)."""
+        self.tensors = tensors
+        noise_bytes = 4 * seeds * sum(t.param.numel() for t in tensors)
+        self.cached = device.type == "cpu" and noise_bytes <= NOISE_CACHE_BYTES
+        self.kept = {}  # member seed -> {tensor index: future ε}
+        self.pool = ThreadPoolExecutor(torch.get_num_threads()) if self.cached else None
+
+    def __call__(self, seed, t):
+        """ε of the member seed for tensor t."""
+        if not self.cached:
+            return noise(seed, t.index, t.param.shape, t.param.device)
+        return self.prefetch(seed)[t.index].result()
+
+    def prefetch(self, seed):
+        """When kept: start drawing the seed's ε in the background, once per step; {tensor index: future ε}."""
+        if self.cached and seed not in self.kept:
+            self.kept[seed] = {t.index: self.pool.submit(noise, seed, t.index, t.param.shape, t.param.device)
+                               for t in self.tensors}
+        return self.kept.get(seed)
+
+    def clear(self):
+        self.kept.clear()
 
 
 class PerturbedTensor:
@@ -65,10 +104,17 @@ class PerturbedTensor:
             values.clamp_(-127, 127)
         self.param.copy_(values.to(self.param.dtype))
 
+    def share_param(self):
+        """Make a float32 param on the master's device its own master: no copy to keep, nothing to rewrite
+        after an update. Only for lowrank ES, which never writes perturbed values into the model."""
+        if self.param.dtype == torch.float32 and self.param.device == self.master.device:
+            self.master = self.param.detach()
+
     def clean(self):
         """Write the master itself. For int8 rows that an update moved past their scale, rescale (above):
         the model then always equals quantize(master), within half an int8 step per element."""
-        self.write(self.on_device(), rescale=True)
+        if self.master.data_ptr() != self.param.data_ptr():  # else the param is the master (share_param)
+            self.write(self.on_device(), rescale=True)
 
     @torch.no_grad()
     def perturbed(self, seed, sign, sigma, eps=None):

@@ -48,6 +48,22 @@ def format_prompts(tokenizer, questions, chat_template=True):
     return list(questions)
 
 
+def encode(tokenizer, prompts):
+    """{input_ids, attention_mask}: the prompt strings tokenized and left-padded, each distinct prompt
+    tokenized once (a GRPO group repeats its prompt, an ES population its whole batch)."""
+    distinct = {prompt: i for i, prompt in enumerate(dict.fromkeys(prompts))}
+    enc = tokenizer(list(distinct), return_tensors="pt", padding=True, add_special_tokens=False)
+    rows = torch.tensor([distinct[prompt] for prompt in prompts])
+    return {name: value[rows] for name, value in enc.items()}
+
+
+def encoded_rows(encoded, rows):
+    """The `rows` (a slice) of encode()'s result, with the left padding that none of them needs dropped:
+    what encoding their prompts alone gives."""
+    width = int(encoded["attention_mask"][rows].sum(1).max())
+    return {name: value[rows, value.shape[1] - width:] for name, value in encoded.items()}
+
+
 def completion_mask(completion_ids, eos_id):
     is_eos = completion_ids.eq(eos_id)
     # Number of EOS tokens strictly before each position: 0 means "still inside the completion".
@@ -62,7 +78,8 @@ def position_ids(attention_mask):
 @torch.no_grad()
 def generate(model, tokenizer, prompts, max_new_tokens=16, temperature=1.0, top_p=1.0, greedy=False,
              micro_batch=256, seed=0, share_prompts=False):
-    """Sample one completion per prompt string (repeat prompts for several). Seeded: the same
+    """Sample one completion per prompt string (repeat prompts for several); `prompts` may also be their
+    encode(), for a caller that generates from the same prompts many times. Seeded: the same
     seed, model and prompts give the same completions (common random numbers for ES).
     `share_prompts`: a prompt repeated within a micro-batch is run once (shared_prompt_cache); only when
     every row runs under the same weights."""
@@ -79,9 +96,10 @@ def generate(model, tokenizer, prompts, max_new_tokens=16, temperature=1.0, top_
     devices = [device] if device.type == "cuda" else []
     with torch.random.fork_rng(devices=devices):
         torch.manual_seed(seed)
-        for start in range(0, len(prompts), micro_batch):
-            enc = tokenizer(prompts[start:start + micro_batch], return_tensors="pt", padding=True,
-                            add_special_tokens=False).to(device)
+        encoded = prompts if isinstance(prompts, dict) else encode(tokenizer, prompts)
+        for start in range(0, len(encoded["input_ids"]), micro_batch):
+            enc = {name: value.to(device)
+                   for name, value in encoded_rows(encoded, slice(start, start + micro_batch)).items()}
             cache = shared_prompt_cache(model, enc["input_ids"], enc["attention_mask"]) if share_prompts else {}
             completions = model.generate(**enc, **cache, generation_config=config)[:, enc["input_ids"].shape[1]:]
             mask = completion_mask(completions, eos_id)

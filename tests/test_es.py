@@ -188,12 +188,13 @@ def test_lowrank_member_rows_run_at_their_own_explicit_weights(tiny_model_dir):
         batched = es.model(ids.repeat(len(members), 1)).logits.view(len(members), *ids.shape, -1)
     assert all(torch.equal(v, clean[k]) for k, v in weights(es.model).items())  # weights never modified
     for j, (seed, sign) in enumerate(members):
+        # Written from the clean copy: in float32 lowrank mode the param is its own master (share_param).
         for t in es.population.tensors:
             a, b = member_factors(es, seed, t)
-            t.write(t.master + sign * 0.05 * a @ b.T / 2 ** 0.5)
+            t.write(clean[t.name] + sign * 0.05 * a @ b.T / 2 ** 0.5)
         explicit = es.model(ids).logits
         for t in es.population.tensors:
-            t.clean()
+            t.write(clean[t.name])
         assert torch.allclose(batched[j], explicit, atol=1e-5), j
     assert not torch.allclose(batched[0], batched[1])  # mirrored pair: different perturbations
     assert not torch.allclose(batched[0], batched[2])  # other seed
@@ -209,6 +210,16 @@ def test_lowrank_perturbs_weight_matrices_and_both_uses_of_the_tied_embedding(ti
     assert es.population.modules[embedding.index] == [es.model.model.embed_tokens, es.model.lm_head]
     with pytest.raises(UserError, match="lowrank"):
         make_es(tiny_model_dir, mode="lowrank", params="norm")
+
+
+def test_lowrank_float32_param_is_its_own_master(tiny_model_dir):
+    """Lowrank never writes perturbed weights into the model, so a float32 param needs no separate fp32
+    master; in place, and in bfloat16, it does."""
+    def shared(es):
+        return [t.master.data_ptr() == t.param.data_ptr() for t in es.tensors]
+    assert all(shared(make_es(tiny_model_dir, mode="lowrank")))
+    assert not any(shared(make_es(tiny_model_dir, mode="inplace")))
+    assert not any(shared(make_es(tiny_model_dir, "bfloat16", mode="lowrank")))
 
 
 def test_lowrank_update_is_the_sum_of_rank_r_terms(tiny_model_dir):
@@ -297,20 +308,20 @@ def test_step_logs_truncation_and_int8_clamps(tiny_model_dir, eightbit):
 
 @pytest.mark.parametrize("antithetic", [True, False])
 def test_the_step_noise_cache_changes_no_result(tiny_model_dir, antithetic, monkeypatch):
-    """In place on a CPU a step keeps the noise it drew (ES.noise): each ε is drawn once instead of once per
+    """In place on a CPU a step keeps the noise it drew (StepNoise): each ε is drawn once instead of once per
     write and once for the update. Rewards and weights are bit-identical to regenerating every ε."""
-    import minies.es
+    import minies.perturbed
     draws = []
-    monkeypatch.setattr(minies.es, "noise", lambda *args: draws.append(args) or noise(*args))
+    monkeypatch.setattr(minies.perturbed, "noise", lambda *args: draws.append(args) or noise(*args))
     task = Arithmetic(test_size=50)
     runs = []
     for cache in (True, False):
         es = make_es(tiny_model_dir, antithetic=antithetic, params=".*")
-        assert es.cache_noise  # the test model's noise fits: the cache is on unless switched off
-        es.cache_noise = cache
+        assert es.noise.cached  # the test model's noise fits: the cache is on unless switched off
+        es.noise.cached = cache
         draws.clear()
         logs = [es.step(task.train_problems(8, seed=step), step) for step in range(2)]
-        assert not es.noise_cache  # emptied after every step
+        assert not es.noise.kept  # emptied after every step
         # Per step and tensor: with the cache one draw per distinct ε (2 mirrored pairs, or 4 members); without,
         # one per member's write plus one per ε in the update.
         if cache:
@@ -326,7 +337,7 @@ def test_the_step_noise_cache_changes_no_result(tiny_model_dir, antithetic, monk
 
 
 def test_the_noise_cache_stays_within_its_budget(tiny_model_dir, monkeypatch):
-    import minies.es
-    monkeypatch.setattr(minies.es, "NOISE_CACHE_BYTES", 1000)
-    assert not make_es(tiny_model_dir).cache_noise
-    assert not make_es(tiny_model_dir, mode="lowrank").cache_noise  # lowrank adds its noise in the forward pass
+    import minies.perturbed
+    monkeypatch.setattr(minies.perturbed, "NOISE_CACHE_BYTES", 1000)
+    assert not make_es(tiny_model_dir).noise.cached
+    assert make_es(tiny_model_dir, mode="lowrank").noise is None  # lowrank adds its noise in the forward pass

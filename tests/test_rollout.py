@@ -5,7 +5,8 @@ import copy
 import pytest
 import torch
 
-from minies.rollout import completion_logprobs, completion_mask, format_prompts, generate, position_ids
+from minies.rollout import (completion_logprobs, completion_mask, encode, encoded_rows, format_prompts, generate,
+                            position_ids)
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -105,6 +106,37 @@ def test_micro_batches_are_padded_to_a_common_shape(model, tokenizer, prompts):
     _check_left_padding(r, tokenizer, prompts)
     eos = tokenizer.eos_token_id
     assert torch.equal(r.completion_mask, completion_mask(r.completion_ids, eos))
+
+
+def test_repeated_prompts_are_tokenized_once_with_the_same_result(tokenizer, prompts):
+    rows = [prompts[i] for i in (3, 0, 3, 1, 0, 3)]
+    calls = []
+
+    def counting(texts, **kwargs):
+        calls.append(len(texts))
+        return tokenizer(texts, **kwargs)
+
+    enc = encode(counting, rows)
+    assert calls == [3]  # three distinct prompts
+    full = tokenizer(rows, return_tensors="pt", padding=True, add_special_tokens=False)
+    assert all(torch.equal(enc[name], full[name]) for name in ("input_ids", "attention_mask"))
+    # Some rows of it: only the padding none of them needs is dropped, as if they were tokenized alone.
+    alone = tokenizer(rows[:2], return_tensors="pt", padding=True, add_special_tokens=False)
+    part = encoded_rows(enc, slice(0, 2))  # without the longest prompt (rows[3])
+    assert part["input_ids"].shape[1] < enc["input_ids"].shape[1]
+    assert all(torch.equal(part[name], alone[name]) for name in ("input_ids", "attention_mask"))
+
+
+def test_generate_from_encoded_prompts_equals_generate_from_strings(model, tokenizer, prompts):
+    """ES tokenizes its step's prompts once and scores every member on them: each micro-batch of the
+    encoded prompts generates what its prompt strings generate alone."""
+    rows = prompts + prompts[:3]
+    together = generate(model, tokenizer, encode(tokenizer, rows), max_new_tokens=8, greedy=True, micro_batch=3)
+    for start in range(0, len(rows), 3):
+        alone = generate(model, tokenizer, rows[start:start + 3], max_new_tokens=8, greedy=True)
+        assert together.texts[start:start + 3] == alone.texts
+        width = alone.completion_ids.shape[1]
+        assert torch.equal(together.completion_ids[start:start + 3, :width], alone.completion_ids)
 
 
 def _manual_logprobs(model, ids, start):
