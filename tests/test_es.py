@@ -306,6 +306,18 @@ def test_step_logs_truncation_and_int8_clamps(tiny_model_dir, eightbit):
     assert es.step(Arithmetic(test_size=50).train_problems(8, seed=0), seed=1)["truncated_rate"] == 1.0
 
 
+def test_drift_sums_over_chunks_to_the_distance_from_the_start(tiny_model_dir, monkeypatch):
+    import minies.es
+    monkeypatch.setattr(minies.es, "DRIFT_CHUNK", 1000)  # many chunks per matrix, a partial one at each end
+    es = make_es(tiny_model_dir, params=".*")
+    assert es.drift() == 0.0
+    torch.manual_seed(0)
+    for t in es.tensors:
+        t.master += 0.01 * torch.randn_like(t.master)
+    expected = sum(float((t.master.double() - t0.double()).pow(2).sum()) for t, t0 in zip(es.tensors, es.theta0))
+    assert es.drift() == pytest.approx(expected ** 0.5, rel=1e-5)
+
+
 @pytest.mark.parametrize("antithetic", [True, False])
 def test_the_step_noise_cache_changes_no_result(tiny_model_dir, antithetic, monkeypatch):
     """In place on a CPU a step keeps the noise it drew (StepNoise): each ε is drawn once instead of once per
