@@ -127,9 +127,6 @@ def add_low_rank(output, coeffs, vectors):
         raise RuntimeError(f"batch of {output.shape[0]} rows does not split into {k} member blocks")
     out = output.view(k, -1, output.shape[-1])
     coeffs, vectors = coeffs.to(out.dtype), vectors.to(out.dtype)
-    if coeffs.shape[2] == 1:  # rank 1, the default: one multiply-add, without the per-rank views below
-        out.addcmul_(coeffs, vectors)
-        return output
-    for c, v in zip(coeffs.split(1, 2), vectors.split(1, 1)):  # rank by rank: [k, n, 1] ⊗ [k, 1, dim]
-        out.addcmul_(c, v)
+    for i in range(coeffs.shape[2]):  # rank by rank: [k, n, 1] ⊗ [k, 1, dim]
+        out.addcmul_(coeffs[:, :, i:i + 1], vectors[:, i:i + 1])
     return output
