@@ -12,7 +12,8 @@ Every number is measured in this one run, side by side, and printed as ratios:
    N·P rows in the same chunks (the limit ES can approach), timed in turn with that mode's steps, for
    both modes; members/s of both modes;
    the mode `--mode auto` picks for this shape (minies.placement.choose_mode); on CUDA, the time to copy
-   one member's fp32 masters to the device (none when --master-device puts them there);
+   one member's fp32 masters from pinned host memory (what each member costs with --master-device cpu;
+   with the masters on the device a member copies nothing);
 3. memory: peak of an ES step (and of a GRPO step) over the peak of plain generation, each measured in
    a fresh subprocess (CUDA: max allocated on the device; CPU: the peak resident set while the workload
    runs, which includes the fp32 master copies and θ0 that ES keeps in host memory);
@@ -121,6 +122,14 @@ def draw_noise(es, members):
             noise(seed, t.index, t.param.shape, t.param.device)
 
 
+def pinned_copy_seconds(es, model, repeats):
+    """Seconds to copy one member's fp32 masters from pinned host memory to the device, as a step with
+    --master-device cpu does for every member; timed on pinned copies when the masters live on the device."""
+    masters = [t.master if t.master.is_pinned() else t.master.cpu().pin_memory() for t in es.tensors]
+    seconds, _ = timed(lambda: [m.to(model_device(model), non_blocking=True) for m in masters], model, repeats)
+    return seconds
+
+
 def step_and_scoring(es, problems, model):
     """(seconds of one ES step, seconds of it inside es.score, the step's log). What is outside scoring is
     what the step waits for besides generation: writes, the update, noise not drawn in the background."""
@@ -172,7 +181,7 @@ def speed(args):
         if mode == "inplace":  # the work plain generation does not do, against the work it does
             members = member_seeds(0, args.population, True)
             noise_s, _ = timed(lambda: draw_noise(es, members), model, args.repeats)
-            copy_s, _ = timed(lambda: [t.on_device() for _ in members for t in es.tensors], model, args.repeats)
+            copy_s = pinned_copy_seconds(es, model, args.repeats) if model_device(model).type == "cuda" else 0.0
             prompts = es.format(problems)
             score_s, _ = timed(lambda: [es.score(problems, prompts, seed=0) for _ in members], model, args.repeats)
             # A step whose scoring returns at once: what is left is writing each member's weights, the restore
@@ -182,7 +191,7 @@ def speed(args):
                                              ["0"] * len(problems))
             overhead_s, _ = timed(lambda: es.step(problems, seed=0), model, args.repeats)
             result[mode].update(overhead=overhead_s / score_s, overhead_s=overhead_s, score_s=score_s,
-                                noise_s=noise_s, noise_cache=es.noise.cached, copy_s=copy_s / len(members),
+                                noise_s=noise_s, noise_cache=es.noise.cached, copy_s=copy_s,
                                 masters=es.cfg.master_device, weights=sum(t.param.numel() for t in es.tensors))
         for t, t0 in zip(es.tensors, es.theta0):  # undo this mode's steps before measuring the next one
             t.master.copy_(t0)
@@ -287,7 +296,11 @@ def print_speed(args, r):
     print(f"  drawing each member's noise once: {ip['noise_s']:.2f} s, "
           f"{1e9 * ip['noise_s'] / (ip['weights'] * args.population):.1f} ns per perturbed weight and member")
     if torch.cuda.is_available():
-        print(f"  copying one member's fp32 masters ({ip['masters']}) to the device: {1e3 * ip['copy_s']:.2f} ms")
+        gb = 4 * ip["weights"] / 1e9
+        print(f"  copying one member's fp32 masters ({gb:.2f} GB) from pinned host memory: {1e3 * ip['copy_s']:.1f} ms, "
+              f"{gb / ip['copy_s']:.1f} GB/s, {100 * ip['copy_s'] / (ip['score_s'] / args.population):.0f}% of scoring "
+              f"one member; this run's masters are on {ip['masters']}"
+              + (" (a member copies nothing)" if ip["masters"] == "cuda" else ""))
     print(f"lowrank / in-place members per second: {lr['members_per_s'] / ip['members_per_s']:.2f}x")
     print(f"--mode auto picks: {r['auto']}, efficiency {r[r['auto']]['efficiency']:.2f}")
 

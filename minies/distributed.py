@@ -32,9 +32,15 @@ def is_main():
 
 
 def all_reduce_sum(tensor):
-    """Sum a tensor over ranks in place (a no-op on one process) and return it."""
-    if dist.is_initialized():
-        dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
+    """Sum a tensor over ranks in place (a no-op on one process) and return it. NCCL reduces device
+    tensors only, so there a host tensor (rewards, counts) goes through the device and back."""
+    if not dist.is_initialized():
+        return tensor
+    if dist.get_backend() == "nccl" and tensor.device.type != "cuda":
+        on_device = tensor.cuda()
+        dist.all_reduce(on_device, op=dist.ReduceOp.SUM)
+        return tensor.copy_(on_device)
+    dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
     return tensor
 
 

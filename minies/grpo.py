@@ -40,6 +40,7 @@ from torch.nn.parallel import DistributedDataParallel
 from minies import UserError, distributed, lora
 from minies.config import option
 from minies.guard import check_finite
+from minies.models import model_device
 from minies.rollout import completion_logprobs, format_prompts, generate
 
 AGGREGATIONS = ("grpo", "dapo", "dr_grpo")
@@ -220,9 +221,10 @@ class GRPO:
         return Scores(*distributed.all_reduce_sum(table).unbind(-1))
 
     def advantages(self, rewards):
-        """This rank's rows of the batch's group advantages (rewards [P, G]), in its rollouts' order."""
+        """This rank's rows of the batch's group advantages (rewards [P, G], on the host), in its rollouts'
+        order, on the model's device, where the loss uses them."""
         mine = distributed.shard(list(range(len(rewards))))
-        return group_advantages(rewards, self.config.scale_rewards)[mine].flatten().float()
+        return group_advantages(rewards, self.config.scale_rewards)[mine].flatten().float().to(model_device(self.model))
 
     def update(self, rollouts, advantages):
         """μ optimizer steps on this rank's rollouts with their advantages [rows]; returns the log."""

@@ -24,14 +24,16 @@ class Rollouts:
     completion_ids: torch.Tensor  # [B, C] right-padded after EOS
     completion_mask: torch.Tensor  # [B, C] 1 up to and including the first EOS
     texts: list  # decoded completions, special tokens dropped
+    # The token tensors stay on the model's device, for the log-prob passes; the per-row counts below are
+    # host tensors, since they join the rewards and the log.
 
     @property
     def lengths(self):
-        return self.completion_mask.sum(-1)
+        return self.completion_mask.sum(-1).cpu()
 
     def truncated(self, eos_id):
         """True for rows that hit max_new_tokens without emitting EOS."""
-        return ~(self.completion_ids.eq(eos_id) & self.completion_mask.bool()).any(-1)
+        return ~(self.completion_ids.eq(eos_id) & self.completion_mask.bool()).any(-1).cpu()
 
     def select(self, rows):
         """The rollouts at `rows` (indices), in that order."""
