@@ -297,8 +297,9 @@ def print_speed(args, r):
           f"{1e9 * ip['noise_s'] / (ip['weights'] * args.population):.1f} ns per perturbed weight and member")
     if torch.cuda.is_available():
         gb = 4 * ip["weights"] / 1e9
-        print(f"  copying one member's fp32 masters ({gb:.2f} GB) from pinned host memory: {1e3 * ip['copy_s']:.1f} ms, "
-              f"{gb / ip['copy_s']:.1f} GB/s, {100 * ip['copy_s'] / (ip['score_s'] / args.population):.0f}% of scoring "
+        print(f"  copying one member's fp32 masters ({gb:.2f} GB) from pinned host memory: "
+              f"{1e3 * ip['copy_s']:.1f} ms, {gb / ip['copy_s']:.1f} GB/s, "
+              f"{100 * ip['copy_s'] / (ip['score_s'] / args.population):.0f}% of scoring "
               f"one member; this run's masters are on {ip['masters']}"
               + (" (a member copies nothing)" if ip["masters"] == "cuda" else ""))
     print(f"lowrank / in-place members per second: {lr['members_per_s'] / ip['members_per_s']:.2f}x")
