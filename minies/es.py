@@ -163,7 +163,9 @@ class ES:
         if not self.tensors:
             in_mode = " that lowrank mode perturbs (weights of Linear and embedding layers)" if self.lowrank else ""
             raise UserError(f"--params {config.params!r} matches no parameter of the model{in_mode}")
-        self.theta0 = [t.master.cpu().clone() for t in self.tensors]
+        # θ0 for the drift log, in host memory (pinned when the masters are on CUDA: drift() streams it there)
+        self.theta0 = [torch.empty(t.master.shape, pin_memory=masters.type == "cuda").copy_(t.master)
+                       for t in self.tensors]
         # In place: each member's ε, kept for the step when that pays (minies/perturbed.py).
         seeds = config.population // 2 if config.antithetic else config.population
         self.noise = None if self.lowrank else StepNoise(self.tensors, seeds, device)
@@ -258,12 +260,13 @@ class ES:
     def drift(self):
         """‖θ − θ0‖ over the perturbed tensors, a chunk at a time: a whole tensor's difference would be a
         temporary as large as the tensor, allocated and freed every step (a 0.5B model's embedding: 0.5 GB;
-        its drift took 2 s a step that way, 0.2 s in chunks); a chunk's stays in cache."""
-        squares = 0.0
+        its drift took 2 s a step that way, 0.2 s in chunks); a chunk's stays in cache. Computed where the
+        masters are: on CUDA θ0's chunks stream to the device, and the step waits once, for the total."""
+        distances = []
         for t, t0 in zip(self.tensors, self.theta0):
             for chunk, chunk0 in zip(t.master.reshape(-1).split(DRIFT_CHUNK), t0.reshape(-1).split(DRIFT_CHUNK)):
-                squares += float(torch.dist(chunk.cpu(), chunk0)) ** 2
-        return squares ** 0.5
+                distances.append(torch.dist(chunk, chunk0.to(chunk.device, non_blocking=True)))
+        return float(torch.stack(distances).double().pow(2).sum()) ** 0.5
 
     def score_members(self, members, mine, problems, prompts, seed):
         """Yield (n, per-prompt rewards, per-prompt truncation flags, generated tokens, per-prompt outcomes)

@@ -21,9 +21,9 @@ def weights(model):
     return {k: v.detach().clone() for k, v in model.state_dict().items()}
 
 
-def make_es(model_dir, dtype="float32", load_in_8bit=False, **overrides):
+def make_es(model_dir, dtype="float32", load_in_8bit=False, device="cpu", **overrides):
     """An ES on a small step, in place unless told otherwise (`auto` would pick lowrank for 8 prompts)."""
-    model = load_model(model_dir, dtype, load_in_8bit, device="cpu")
+    model = load_model(model_dir, dtype, load_in_8bit, device=device)
     cfg = ESConfig(**{"population": 4, "prompts_per_step": 8, "mode": "inplace", **overrides})
     return ES(model, load_tokenizer(model_dir), Arithmetic(test_size=50), cfg)
 
@@ -306,15 +306,24 @@ def test_step_logs_truncation_and_int8_clamps(tiny_model_dir, eightbit):
     assert es.step(Arithmetic(test_size=50).train_problems(8, seed=0), seed=1)["truncated_rate"] == 1.0
 
 
-def test_drift_sums_over_chunks_to_the_distance_from_the_start(tiny_model_dir, monkeypatch):
+CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+
+
+@pytest.mark.parametrize("device,masters", [("cpu", "auto"), pytest.param("cuda", "cuda", marks=CUDA),
+                                            pytest.param("cuda", "cpu", marks=CUDA)])
+def test_drift_sums_over_chunks_to_the_distance_from_the_start(tiny_model_dir, monkeypatch, device, masters):
+    """θ0 lives in host memory, pinned when the masters are on CUDA (drift streams it to them)."""
     import minies.es
     monkeypatch.setattr(minies.es, "DRIFT_CHUNK", 1000)  # many chunks per matrix, a partial one at each end
-    es = make_es(tiny_model_dir, params=".*")
+    es = make_es(tiny_model_dir, device=device, params=".*", master_device=masters)
+    assert all(t.master.device.type == es.cfg.master_device for t in es.tensors)
+    assert all(t0.device.type == "cpu" and t0.is_pinned() == (es.cfg.master_device == "cuda") for t0 in es.theta0)
     assert es.drift() == 0.0
     torch.manual_seed(0)
     for t in es.tensors:
         t.master += 0.01 * torch.randn_like(t.master)
-    expected = sum(float((t.master.double() - t0.double()).pow(2).sum()) for t, t0 in zip(es.tensors, es.theta0))
+    expected = sum(float((t.master.double().cpu() - t0.double()).pow(2).sum())
+                   for t, t0 in zip(es.tensors, es.theta0))
     assert es.drift() == pytest.approx(expected ** 0.5, rel=1e-5)
 
 
