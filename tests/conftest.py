@@ -20,6 +20,9 @@ REPO = Path(__file__).resolve().parent.parent
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
+# For the tests of CUDA-only paths (device placement, pinned memory): skipped on a machine without CUDA.
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+
 
 def shipped_model_ready():
     from minies.models import SHIPPED_MODEL

@@ -3,9 +3,9 @@ step on CUDA when there is one."""
 import math
 
 import pytest
-import torch
 
 import train
+from conftest import needs_cuda
 from minies.algorithm import Algorithm
 from minies.models import load_model, load_tokenizer
 from minies.tasks import Arithmetic
@@ -29,7 +29,7 @@ SMALL_STEPS = [("es", {"mode": "inplace", "population": 4, "prompts_per_step": 8
                *[(name, {"prompts": 4, "group_size": 4}) for name in ("grpo", "b3po", "m3po", "c3po")]]
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@needs_cuda
 @pytest.mark.parametrize("name,options", SMALL_STEPS)
 def test_a_step_on_cuda(tiny_model_dir, name, options):
     """Rollouts stay on the device, rewards and logs on the host: a step must move each where it is used."""

@@ -8,6 +8,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from conftest import needs_cuda
 from minies import UserError
 from minies.es import ES, ESConfig, member_seeds, normalize_rewards
 from minies.models import int8_row_scales, load_model, load_tokenizer
@@ -306,11 +307,8 @@ def test_step_logs_truncation_and_int8_clamps(tiny_model_dir, eightbit):
     assert es.step(Arithmetic(test_size=50).train_problems(8, seed=0), seed=1)["truncated_rate"] == 1.0
 
 
-CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-
-
-@pytest.mark.parametrize("device,masters", [("cpu", "auto"), pytest.param("cuda", "cuda", marks=CUDA),
-                                            pytest.param("cuda", "cpu", marks=CUDA)])
+@pytest.mark.parametrize("device,masters", [("cpu", "auto"), pytest.param("cuda", "cuda", marks=needs_cuda),
+                                            pytest.param("cuda", "cpu", marks=needs_cuda)])
 def test_drift_sums_over_chunks_to_the_distance_from_the_start(tiny_model_dir, monkeypatch, device, masters):
     """θ0 lives in host memory, pinned when the masters are on CUDA (drift streams it to them)."""
     import minies.es

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import run_in_process
+from conftest import needs_cuda, run_in_process
 from minies import UserError
 from minies.es import ES, ESConfig, member_seeds
 from minies.models import load_model, load_tokenizer
@@ -68,7 +68,7 @@ def test_config_json_records_the_mode_that_ran(tmp_path, model_dir, capsys):
     assert (config["es"]["mode"], config["es"]["master_device"]) == ("lowrank", "cpu")
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@needs_cuda
 def test_masters_on_cuda_restore_and_update_like_pinned_host_masters(tiny_model_dir):
     runs = {}
     for where in ("cuda", "cpu"):
