@@ -5,6 +5,8 @@
     python -m bench.es --dtype bfloat16 --load-in-8bit ...
 
 Every number is measured in this one run, side by side, and printed as ratios:
+Every ES step below makes an update, as a real model's does: a random model's rewards all tie, and a tied
+step skips its update, so each reward gets a distinct negligible offset (distinct_rewards).
 1. overhead: within a real step of each mode, the seconds outside scoring over those inside it (what the
    step waits for besides generation: writing weights, the update, noise not drawn in the background);
    and in place, the work itself: a step whose scoring is stubbed, over scoring the N members alone;
@@ -92,9 +94,29 @@ def bench_task(args, model):
     return task, task.train_problems(args.prompts, seed=1)
 
 
-def es_config(args, mode):
-    return ESConfig(population=args.population, prompts_per_step=args.prompts, mode=mode,
-                    micro_batch=args.micro_batch, params=args.params, master_device=args.master_device)
+def make_es(args, model, tok, task, mode):
+    """The ES under test, with distinct_rewards, so that every step it takes makes an update."""
+    es = ES(model, tok, task, ESConfig(population=args.population, prompts_per_step=args.prompts, mode=mode,
+                                       micro_batch=args.micro_batch, params=args.params,
+                                       master_device=args.master_device))
+    distinct_rewards(es)
+    return es
+
+
+def distinct_rewards(es):
+    """Add 1e-9·(i + 1) to the reward of the i-th row es.score scores (counting over all its calls). A
+    random model's rewards all tie, and ES skips the update of a tied step; with the offsets every member's
+    mean reward differs, so the step makes its update, whose cost a real model's steps pay. The offsets
+    change no timing and no memory: only which update is made."""
+    score, scored = es.score, [0]
+
+    def score_distinct(problems, *args, **kwargs):
+        rewards, *rest = score(problems, *args, **kwargs)
+        offsets = 1e-9 * (scored[0] + np.arange(1, len(rewards) + 1))
+        scored[0] += len(rewards)
+        return (rewards + offsets, *rest)
+
+    es.score = score_distinct
 
 
 def sync(model):
@@ -167,7 +189,7 @@ def speed(args):
 
     result = {"auto": choose_mode(args.prompts, args.population, args.micro_batch)}
     for mode in ("inplace", "lowrank"):  # in place first: lowrank's hooks, idle, stay on the model
-        es = ES(model, tok, task, es_config(args, mode))
+        es = make_es(args, model, tok, task, mode)
         plain_runs, steps = [], []
         for _ in range(args.repeats):
             plain_runs.append(timed(plain, model))
@@ -245,7 +267,7 @@ def workload(args, what, model, tok):
         prompts = args.prompts // 8 or 1
         GRPO(model, tok, task, GRPOConfig(prompts=prompts, lora_rank=lora_rank)).step(problems[:prompts], 0)
     else:
-        ES(model, tok, task, es_config(args, what)).step(problems, seed=0)
+        make_es(args, model, tok, task, what).step(problems, seed=0)
     return torch.cuda.max_memory_allocated() / 2**20 if cuda else None
 
 
@@ -272,7 +294,7 @@ def step_time(args):
     distributed.init()
     model, tok = build(args)
     task, problems = bench_task(args, model)
-    es = ES(model, tok, task, es_config(args, "auto"))
+    es = make_es(args, model, tok, task, "auto")
     es.step(problems, seed=0)
     distributed.barrier()
     seconds, _ = timed(lambda: es.step(problems, seed=1), model, args.repeats)

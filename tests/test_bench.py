@@ -41,3 +41,30 @@ def test_bench_grpo_prints_the_step_and_its_split():
         assert re.search(rf"^  {part} +-?[0-9.]+ s +-?[0-9.]+%$", text, re.M), part
     # TRL is optional: either its step is measured or one line says it was skipped.
     assert re.search(r"TRL .*GRPOTrainer( step +[0-9.]+ s|: skipped \(trl is not installed\))", text)
+
+
+def test_bench_es_steps_make_an_update_even_when_every_reward_ties(tiny_model_dir):
+    """One new token is too short for any answer, so every reward is 0 and a plain step makes no update; the
+    bench's ES (distinct_rewards) makes one, as a real model's step does, and scores the same rollouts."""
+    import numpy as np
+    import torch
+
+    from bench.es import BenchConfig, make_es
+    from minies.models import load_model, load_tokenizer
+    from minies.tasks import Arithmetic
+
+    args = BenchConfig(population=4, prompts=8)
+    task = Arithmetic(max_new_tokens=1)
+    problems = task.train_problems(args.prompts, seed=0)
+    for mode in ("inplace", "lowrank"):
+        logs = []
+        for distinct in (False, True):
+            torch.manual_seed(0)
+            es = make_es(args, load_model(tiny_model_dir, device="cpu"), load_tokenizer(tiny_model_dir), task, mode)
+            if not distinct:
+                del es.score  # the plain method again
+            logs.append(es.step(problems, seed=0))
+        plain, bench = logs
+        assert plain["all_tied"] and plain["update_norm"] == 0.0
+        assert not bench["all_tied"] and bench["update_norm"] > 0.0
+        assert np.isclose(bench["reward_mean"], plain["reward_mean"], atol=1e-6) and plain["tokens"] == bench["tokens"]
