@@ -13,10 +13,10 @@ def choose_mode(prompts, population, micro_batch):
     From bench.es on the shipped model (docs/speed.md, "Choosing the mode"; 2-core CPU, one thread, N=32
     unless noted), lowrank ÷ in-place members/s with k members per generate call: P=16: 2.75x (k=32),
     0.92x (k=1); P=64: 1.37x (k=16); P=128: 0.94x (k=8); P=256: 0.92x (k=4; 0.90-1.17x with two
-    threads), 0.90x (N=8, k=1); a Qwen2.5-0.5B-shaped model at P=8: 3.6-4.2x (k=4). Lowrank batches
-    members, and in place pays for writing every perturbed weight for every member; with one member per
-    call lowrank has nothing to batch, and its forward hooks and per-call factor set-up cost more than
-    the writes. From P=128 on the two are close on this small model, and lowrank's cost does not grow
+    threads), 0.90x (N=8, k=1); a Qwen2.5-0.5B-shaped model at P=8: 5.8-5.9x (k=4, two threads).
+    Lowrank batches members, and in place pays for writing every perturbed weight for every member; with
+    one member per call lowrank has nothing to batch, and its forward hooks and per-call factor set-up
+    cost more than the writes. From P=128 on the two are close on this small model, and lowrank's cost does not grow
     with the model's size the way in place's writes and noise draws do.
     On CUDA nothing is measured yet; writing the weights there runs near memory bandwidth, which only
     strengthens the case for in place with one member per call."""
