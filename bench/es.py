@@ -5,8 +5,6 @@
     python -m bench.es --dtype bfloat16 --load-in-8bit ...
 
 Every number is measured in this one run, side by side, and printed as ratios:
-Every ES step below makes an update, as a real model's does: a random model's rewards all tie, and a tied
-step skips its update, so each reward gets a distinct negligible offset (distinct_rewards).
 1. overhead: within a real step of each mode, the seconds outside scoring over those inside it (what the
    step waits for besides generation: writing weights, the update, noise not drawn in the background);
    and in place, the work itself: a step whose scoring is stubbed, over scoring the N members alone;
@@ -21,6 +19,9 @@ step skips its update, so each reward gets a distinct negligible offset (distinc
    runs, which includes the fp32 master copies and θ0 that ES keeps in host memory);
 4. torchrun: an ES step in the mode `--mode auto` picks, with 2 processes of 1 thread each against 1 process
    of 2 threads.
+
+Every ES step measured makes its update, as a real model's steps do: a random model's rewards all tie, and a
+tied step skips its update, so each reward gets a distinct negligible offset (distinct_rewards).
 """
 import argparse
 import json

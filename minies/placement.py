@@ -16,8 +16,9 @@ def choose_mode(prompts, population, micro_batch):
     threads), 0.90x (N=8, k=1); a Qwen2.5-0.5B-shaped model at P=8: 5.8-5.9x (k=4, two threads).
     Lowrank batches members, and in place pays for writing every perturbed weight for every member; with
     one member per call lowrank has nothing to batch, and its forward hooks and per-call factor set-up
-    cost more than the writes. From P=128 on the two are close on this small model, and lowrank's cost does not grow
-    with the model's size the way in place's writes and noise draws do.
+    cost more than the writes. From P=128 on (one thread; with two threads, from P=256: lowrank is 1.58x at
+    P=128) the two are close on this small model, and lowrank's cost does not grow with the model's size
+    the way in place's writes and noise draws do.
     On CUDA nothing is measured yet; writing the weights there runs near memory bandwidth, which only
     strengthens the case for in place with one member per call."""
     return "lowrank" if min(micro_batch // prompts, population) >= 2 else "inplace"

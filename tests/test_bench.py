@@ -1,8 +1,16 @@
-"""bench/es.py runs end to end on a small configuration (its numbers are measured, never asserted)."""
+"""bench/es.py runs end to end on a small configuration (its numbers are measured, never asserted), and the steps
+it times make their update even when every reward ties."""
 import os
 import re
 import subprocess
 import sys
+
+import numpy as np
+import torch
+
+from bench.es import BenchConfig, make_es
+from minies.models import load_model, load_tokenizer
+from minies.tasks import Arithmetic
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -46,13 +54,6 @@ def test_bench_grpo_prints_the_step_and_its_split():
 def test_bench_es_steps_make_an_update_even_when_every_reward_ties(tiny_model_dir):
     """One new token is too short for any answer, so every reward is 0 and a plain step makes no update; the
     bench's ES (distinct_rewards) makes one, as a real model's step does, and scores the same rollouts."""
-    import numpy as np
-    import torch
-
-    from bench.es import BenchConfig, make_es
-    from minies.models import load_model, load_tokenizer
-    from minies.tasks import Arithmetic
-
     args = BenchConfig(population=4, prompts=8)
     task = Arithmetic(max_new_tokens=1)
     problems = task.train_problems(args.prompts, seed=0)
