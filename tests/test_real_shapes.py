@@ -1,12 +1,19 @@
 """The real-model path on Qwen2.5's architecture and formats, with random weights and no download:
 a scaled-down Qwen2.5-0.5B saved like a hub model (bench/qwen_shapes.py), loaded in float32 and 8-bit,
 its ChatML template, left-padded generation and re-scoring, and bench/gpu_check.py run on the CPU."""
+import weakref
+
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
 
 from bench import gpu_check
-from bench.qwen_shapes import QWEN2_SHAPES, SYSTEM, parameter_count, save_random_qwen2, scaled_shape
+from bench.qwen_shapes import (QWEN2_SHAPES, SYSTEM, memory_rows, memory_table, parameter_count, save_random_qwen2,
+                               scaled_shape)
+from conftest import REPO
 from minies.models import load_model, load_tokenizer
+from minies.perturbed import PerturbedTensor
 from minies.rollout import completion_logprobs, generate
 
 
@@ -95,3 +102,53 @@ def test_gpu_check_runs_on_cpu(tmp_path, one_thread, capsys):
                                   "--steps", "2", "--max-new-tokens", "4", "--prompts", "4", "--out", str(tmp_path)])
     assert len(rows) == 12 and all(passed for _, _, passed, *_ in rows), capsys.readouterr().out
     assert exact == {"float32": True, "float32+8bit": True}
+
+
+def test_the_memory_table_in_the_docs_is_the_one_qwen_shapes_computes():
+    """docs/real-models.md shows memory_table()'s rows as they are computed (python -m bench.qwen_shapes)."""
+    docs = (REPO / "docs" / "real-models.md").read_text()
+    rows = [line for line in memory_table().splitlines() if line.startswith("| ") and not line.startswith("| method")]
+    assert len(rows) == 6 and all(row in docs for row in rows)
+    # ES in bfloat16 on the device: the weights, and writing the largest tensor (the test below measures the 12 B)
+    count = parameter_count(QWEN2_SHAPES["7b"])
+    assert memory_rows(QWEN2_SHAPES["7b"])[0][1:3] == ("bfloat16", 2 * count["total"] + 12 * count["largest"])
+
+
+class PeakBytes(TorchDispatchMode):
+    """The peak bytes of the tensors that the ops run inside it allocate and keep alive at once (an op's
+    output that shares an input's storage, as an in-place op's does, allocates nothing)."""
+
+    def __init__(self):
+        super().__init__()
+        self.live, self.peak, self.alive = 0, 0, set()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        tensors = [a for a in tree_flatten((args, kwargs))[0] if isinstance(a, torch.Tensor)]
+        inputs = {a.untyped_storage().data_ptr() for a in tensors}
+        for t in tree_flatten(out)[0]:
+            key, size = t.untyped_storage().data_ptr(), t.untyped_storage().nbytes()
+            if key not in inputs and key not in self.alive:
+                self.alive.add(key)
+                self.live += size
+                self.peak = max(self.peak, self.live)
+                weakref.finalize(t, self.free, key, size)
+        return out
+
+    def free(self, key, size):
+        self.alive.discard(key)
+        self.live -= size
+
+
+@pytest.mark.parametrize("masters,expected", [("host", 12), ("device", 10)])
+def test_writing_a_perturbed_tensor_holds_what_the_memory_table_counts(masters, expected):
+    """While in-place ES writes a tensor with its master in host memory, the device holds ε, σ·ε and the
+    master's copy at once: the 12 bytes per weight of the largest tensor that memory_rows counts; 10 with
+    the masters on the device (ε, σ·ε and the cast)."""
+    layer = torch.nn.Linear(100, 100, bias=False).to(torch.bfloat16)
+    t = PerturbedTensor(0, "weight", layer.weight, layer)
+    # On a CPU the master is already where the param is; on CUDA a host master is copied to the device.
+    t.on_device = (lambda: t.master.clone()) if masters == "host" else (lambda: t.master)
+    with torch.no_grad(), PeakBytes() as peak:
+        t.perturbed(seed=1, sign=1.0, sigma=0.01)
+    assert peak.peak == expected * layer.weight.numel() and peak.live == 0
