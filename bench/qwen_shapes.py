@@ -103,9 +103,9 @@ def memory_rows(shape):
     optimizer/ES state only (no activations, KV cache or logits). Bytes per parameter as in notes/memory.md."""
     c = parameter_count(shape, lora_rank=16)
     bf16, int8 = 2 * c["total"], c["linear"] + 4 * c["rows"] + 2 * c["other"]  # the weights as loaded
-    # ES writing the largest tensor, its master in host memory (--master-device cpu): its fp32 noise ε, σ·ε,
-    # and the master copied to the device, all held at once while they are added (PerturbedTensor.perturbed)
-    es_temp = 12 * c["largest"]
+    # ES on the largest tensor: writing it holds σ·ε (computed in the fp32 noise itself) and, with the masters
+    # in host memory (--master-device cpu), the master copied to the device; the update holds Σ c·ε and one ε
+    es_temp = 8 * c["largest"]
     return [("ES in-place / lowrank", "bfloat16", bf16 + es_temp, 8 * c["total"]),
             ("ES in-place / lowrank", "8-bit", int8 + es_temp, 8 * c["total"]),
             ("GRPO, full, AdamW", "bfloat16", 4 * bf16, 0),

@@ -275,8 +275,9 @@ class ES:
         if not self.lowrank:  # in place: write θ + σ·ε_n into the model, one member at a time
             for i, n in enumerate(mine):
                 member_seed, sign = members[n]
-                for t in self.tensors:
-                    t.perturbed(member_seed, sign, self.cfg.sigma, eps=self.noise(member_seed, t))
+                for t in self.tensors:  # ε from the step's cache when it keeps them, else drawn by perturbed()
+                    eps = self.noise(member_seed, t) if self.noise.cached else None
+                    t.perturbed(member_seed, sign, self.cfg.sigma, eps=eps)
                 if i + 1 < len(mine):
                     self.noise.prefetch(members[mine[i + 1]][0])  # the next member's ε, while this one is scored
                 yield (n, *self.score(problems, prompts, seed))

@@ -118,13 +118,16 @@ class PerturbedTensor:
 
     @torch.no_grad()
     def perturbed(self, seed, sign, sigma, eps=None):
-        """Write θ + sign·σ·ε, ε regenerated from `seed` unless given (`eps` is left unchanged: ES's step cache
-        hands it out again)."""
-        eps = noise(seed, self.index, self.param.shape, self.param.device) if eps is None else eps
+        """Write θ + sign·σ·ε. A given `eps` is left unchanged (ES's step cache hands it out again); else ε is
+        regenerated from `seed` and turned into σ·ε in place, so that writing the largest tensor holds one
+        fp32 tensor fewer (docs/real-models.md counts them)."""
+        drawn = eps is None
+        eps = noise(seed, self.index, self.param.shape, self.param.device) if drawn else eps
         if self.param.dtype == torch.float32:  # computed in the param itself: the same values, two passes fewer
             torch.mul(eps, sign * sigma, out=self.param).add_(self.on_device())
         else:
-            self.write(torch.mul(eps, sign * sigma).add_(self.on_device()))
+            scaled = eps.mul_(sign * sigma) if drawn else torch.mul(eps, sign * sigma)
+            self.write(scaled.add_(self.on_device()))
 
     def on_device(self):
         """The master on the param's device: itself when it lives there, else an asynchronous copy."""

@@ -325,17 +325,18 @@ def test_drift_sums_over_chunks_to_the_distance_from_the_start(tiny_model_dir, m
     assert es.drift() == pytest.approx(expected ** 0.5, rel=1e-5)
 
 
-@pytest.mark.parametrize("antithetic", [True, False])
-def test_the_step_noise_cache_changes_no_result(tiny_model_dir, antithetic, monkeypatch):
+@pytest.mark.parametrize("antithetic,dtype", [(True, "float32"), (False, "float32"), (True, "bfloat16")])
+def test_the_step_noise_cache_changes_no_result(tiny_model_dir, antithetic, dtype, monkeypatch):
     """In place on a CPU a step keeps the noise it drew (StepNoise): each ε is drawn once instead of once per
-    write and once for the update. Rewards and weights are bit-identical to regenerating every ε."""
+    write and once for the update. Rewards and weights are bit-identical to regenerating every ε (which a
+    bfloat16 write turns into σ·ε in place)."""
     import minies.perturbed
     draws = []
     monkeypatch.setattr(minies.perturbed, "noise", lambda *args: draws.append(args) or noise(*args))
     task = Arithmetic(test_size=50)
     runs = []
     for cache in (True, False):
-        es = make_es(tiny_model_dir, antithetic=antithetic, params=".*")
+        es = make_es(tiny_model_dir, dtype, antithetic=antithetic, params=".*")
         assert es.noise.cached  # the test model's noise fits: the cache is on unless switched off
         es.noise.cached = cache
         draws.clear()
