@@ -153,6 +153,7 @@ def main(argv=None):
         checkpoint.set_rng_state(state["rng"])  # only now: building the algorithm draws from the RNGs
         algo.load_state_dict(state["algorithm"])
         start_step, tokens, before = state["step"], state["tokens"], state["before"]
+        state = None  # applied: free its tensors (a real model's optimizer state takes GBs)
     else:
         before = heldout(model, tok, task, cfg, cfg.final_samples, main_rank)
         if main_rank:

@@ -32,8 +32,9 @@ def set_rng_state(state):
     random.setstate(state["python"])
     np.random.set_state(state["numpy"])
     torch.set_rng_state(state["torch"])
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
+    if "cuda" in state and torch.cuda.is_available():  # on the GPUs that both the saving run and this one see
+        for device, gpu_state in enumerate(state["cuda"][:torch.cuda.device_count()]):
+            torch.cuda.set_rng_state(gpu_state, device)
 
 
 def _write_text_atomic(path, text):
@@ -104,10 +105,12 @@ def load_latest(run_dir):
 
 
 def load_state(path):
-    """The training state saved with a checkpoint; set_rng_state(state["rng"]) restores its RNGs."""
+    """The training state saved with a checkpoint, in host memory (each algorithm's load_state_dict copies it
+    to where its tensors live, so a run resumes on other GPUs, or none, and no rank loads onto GPU 0);
+    set_rng_state(state["rng"]) restores its RNGs."""
     file = os.path.join(path, STATE_FILE)
     try:
-        return torch.load(file, weights_only=False)
+        return torch.load(file, weights_only=False, map_location="cpu")
     except FileNotFoundError:
         raise UserError(f"{path}: not a minies checkpoint (no {STATE_FILE}); point --resume at a run directory")
     except Exception as e:  # a truncated or overwritten file fails in many ways: unpickling, zip, EOF

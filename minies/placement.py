@@ -1,8 +1,9 @@
 """Where ES does its work: which mode scores the population (choose_mode) and where the fp32 master
-weights live (master_device). Pure rules, resolved once in ES.__init__ and recorded in config.json."""
+weights live (master_device). Rules resolved once in ES.__init__, alike on every rank, and recorded in
+config.json."""
 import torch
 
-from minies import UserError
+from minies import UserError, distributed
 
 
 def choose_mode(prompts, population, micro_batch):
@@ -27,13 +28,17 @@ def choose_mode(prompts, population, micro_batch):
 def master_device(choice, device, perturbed, free_bytes=None):
     """Where the fp32 masters of `perturbed` weights of a model on `device` live. Off CUDA: the host.
     `auto` on CUDA: the device when 4·perturbed bytes are under a quarter of its free memory (free_bytes,
-    from torch.cuda.mem_get_info), which leaves the rest to generation's activations and KV cache."""
+    from torch.cuda.mem_get_info), which leaves the rest to generation's activations and KV cache. Under
+    torchrun the free memory is the smallest of any rank's, so that every rank keeps its masters in the same
+    place: lowrank's update (a matmul) rounds differently on the host and on a GPU, and the replicas must
+    stay identical."""
     if device.type != "cuda":
         if choice == "cuda":
             raise UserError(f"--master-device cuda: the model is on {device.type}, not on CUDA")
         return torch.device("cpu")
     if choice == "auto":
-        free_bytes = torch.cuda.mem_get_info(device)[0] if free_bytes is None else free_bytes
+        if free_bytes is None:
+            free_bytes = min(distributed.all_gather_objects(torch.cuda.mem_get_info(device)[0]))
         choice = "cuda" if 4 * perturbed < free_bytes / 4 else "cpu"
     return device if choice == "cuda" else torch.device("cpu")
 

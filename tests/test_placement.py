@@ -37,6 +37,16 @@ def test_master_device():
     assert master_device("cuda", CUDA, 10**12, free_bytes=0) == CUDA
 
 
+def test_masters_go_where_every_rank_has_room(monkeypatch):
+    """Under torchrun auto decides from the smallest free memory of any rank: all ranks choose alike."""
+    from minies import distributed
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device: (10**9, 2 * 10**9))  # this rank: room
+    monkeypatch.setattr(distributed, "all_gather_objects", lambda free: [free, free])
+    assert master_device("auto", CUDA, 10**7) == CUDA
+    monkeypatch.setattr(distributed, "all_gather_objects", lambda free: [free, 10**7])  # another rank: none
+    assert master_device("auto", CUDA, 10**7) == CPU
+
+
 def make_es(model_dir, device="cpu", **overrides):
     model = load_model(model_dir, device=device)
     cfg = ESConfig(**{"population": 4, "prompts_per_step": 8, **overrides})
