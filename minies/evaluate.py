@@ -8,12 +8,7 @@ import torch
 from tqdm import tqdm
 
 from minies.metrics import masked_mean, mean_pass_at_k
-from minies.rollout import completion_logprobs, format_prompts, generate
-
-# The entropy pass holds a few [rows, completion, vocabulary] fp32 tensors at once (logits, log-probs, and
-# the terms of the entropy), so it takes as many rows as keep one of them under this size. A real model's
-# vocabulary is large: Qwen2.5's 151,936 tokens make 256 rows of 512 tokens 80 GB per tensor.
-LOGITS_BYTES = 2**30
+from minies.rollout import completion_logprobs, format_prompts, generate, logits_rows
 
 
 def score_rollouts(task, problems, texts):
@@ -46,9 +41,9 @@ def evaluate(model, tokenizer, task, problems, n=16, ks=(1, 16), temperature=1.0
                     found[s + i // n].add(sc.solution)
             malformed += [sc.malformed for sc in scores]
             truncated += r.truncated(tokenizer.eos_token_id).tolist()
-            rows = LOGITS_BYTES // (4 * r.completion_ids.shape[1] * model.config.vocab_size)
+            chunk = logits_rows(r.completion_ids.shape[1], model.config.vocab_size, micro_batch)
             _, ent = completion_logprobs(model, r.prompt_ids, r.prompt_mask, r.completion_ids, r.completion_mask,
-                                         temperature, with_entropy=True, chunk=max(1, min(micro_batch, rows)))
+                                         temperature, with_entropy=True, chunk=chunk)
             entropy.append(masked_mean(ent, r.completion_mask) * r.completion_mask.sum().item())
             length.append(r.completion_mask.sum().item())
         for k in ks:

@@ -41,7 +41,7 @@ from minies import UserError, distributed, lora
 from minies.config import option
 from minies.guard import check_finite
 from minies.models import model_device
-from minies.rollout import completion_logprobs, format_prompts, generate
+from minies.rollout import completion_logprobs, format_prompts, generate, logits_rows
 
 AGGREGATIONS = ("grpo", "dapo", "dr_grpo")
 
@@ -55,8 +55,8 @@ class GRPOConfig:
     lr: float = option(1e-4, "learning rate", check="positive")
     optim: str = option("adamw", "optimizer: torch AdamW, or bitsandbytes' 8-bit AdamW", choices=["adamw", "adamw8bit"])
     updates_per_batch: int = option(1, "optimizer steps on each batch of completions (μ)", check="positive")
-    micro_batch: int = option(64, "completions per forward/backward; gradients accumulate over the batch",
-                              check="positive")
+    micro_batch: int = option(64, "completions per forward/backward, at most (fewer when their logits would pass "
+                              "1 GiB: minies/rollout.py); gradients accumulate over the batch", check="positive")
     epsilon_low: float = option(0.2, "clip the token ratio below at 1 - epsilon_low", check="probability")
     epsilon_high: float = option(0.2, "clip the token ratio above at 1 + epsilon_high", check="non_negative")
     beta: float = option(0.0, "weight of the KL penalty to the initial policy (0: no reference is kept)",
@@ -245,7 +245,8 @@ class GRPO:
         tokens, for gradient_log; old) and passes `old` on to the next pass."""
         cfg, mask, first = self.config, rollouts.completion_mask, old is None
         norm = self.normalisers(mask)
-        batches = [slice(s, s + cfg.micro_batch) for s in range(0, len(mask), cfg.micro_batch)]
+        size = logits_rows(mask.shape[1], self.model.config.vocab_size, cfg.micro_batch)
+        batches = [slice(s, s + size) for s in range(0, len(mask), size)]
         # transformers checkpoints activations only in train mode; the models here have no dropout.
         self.model.train(cfg.gradient_checkpointing)
         if first:

@@ -131,6 +131,18 @@ def pad_right(x, width, value):
     return torch.nn.functional.pad(x, (0, width - x.shape[1]), value=value)
 
 
+# A pass over completions holds a few [rows, completion, vocabulary] fp32 tensors at once (logits, log-probs,
+# under autograd what backward keeps), so passes take as many rows as keep one of them under this size. A real
+# model's vocabulary is large: Qwen2.5's 151,936 tokens make 256 rows of 512 tokens 80 GB per tensor.
+LOGITS_BYTES = 2**30
+
+
+def logits_rows(width, vocab_size, most):
+    """Rows per pass over completions `width` tokens wide: at most `most`, and no more than keep their fp32
+    logits within LOGITS_BYTES (at least one)."""
+    return max(1, min(most, LOGITS_BYTES // (4 * width * vocab_size)))
+
+
 def completion_logprobs(model, prompt_ids, prompt_mask, completion_ids, completion_mask, temperature=1.0,
                         with_entropy=False, chunk=64):
     """Log-probability of each completion token under `model` at `temperature`, and optionally the

@@ -196,6 +196,26 @@ def test_gradient_checkpointing_gives_the_same_gradient(tiny_model_dir):
         torch.testing.assert_close(a.grad, b.grad, rtol=1e-5, atol=1e-7)
 
 
+def test_micro_batches_keep_their_logits_within_the_budget_with_the_same_gradient(tiny_model_dir, monkeypatch):
+    """A micro-batch takes at most as many completions as keep their fp32 logits within LOGITS_BYTES (a real
+    vocabulary's logits are GBs per completion); the batch gradient is the same however it is split."""
+    import minies.grpo
+    import minies.rollout
+    plain, bounded = make_grpo(tiny_model_dir), make_grpo(tiny_model_dir)
+    r = sample(plain)
+    adv = torch.randn(len(r.texts), generator=torch.Generator().manual_seed(0))
+    plain.update(r, adv)
+    rows, real = [], minies.grpo.completion_logprobs
+    monkeypatch.setattr(minies.grpo, "completion_logprobs", lambda model, ids, *a, **k: rows.append(len(ids)) or
+                        real(model, ids, *a, **k))
+    width, vocab = r.completion_ids.shape[1], bounded.model.config.vocab_size
+    monkeypatch.setattr(minies.rollout, "LOGITS_BYTES", 4 * 3 * width * vocab)  # 3 completions' logits
+    bounded.update(r, adv)
+    assert rows and max(rows) == 3 < bounded.config.micro_batch
+    for a, b in zip(plain.params, bounded.params):
+        torch.testing.assert_close(a.grad, b.grad, rtol=1e-5, atol=1e-7)
+
+
 @pytest.mark.parametrize("eightbit,optim", [(False, "adamw"), (True, "adamw8bit")])
 def test_resume_is_exact(tiny_model_dir, eightbit, optim):
     kwargs = dict(lora_rank=4 if eightbit else 0, optim=optim, beta=0.05)
