@@ -4,24 +4,31 @@ entropy, length.
     python eval.py                                   # the shipped model on the default task
     python eval.py --task countdown                  # the shipped Countdown model on Countdown
     python eval.py --model out/es-arithmetic-seed0/step-000140 --n 32 --k 1 4 16 32 --out results.json
-    python eval.py --model Qwen/Qwen2.5-0.5B-Instruct --task gsm8k --data gsm8k_test.jsonl --n 4 --k 1 4
+    python eval.py --model Qwen/Qwen2.5-0.5B-Instruct --task gsm8k --eval-data tests/data/gsm8k_test.jsonl --n 4 --k 1 4
+
+A model that names its own recipe (the shipped models: minies/recipes.py) is asked in that recipe's prompt
+style, on its task unless --task says otherwise.
 """
 import argparse
+import dataclasses
 import json
 import os
+import sys
 from dataclasses import dataclass
 
 from minies import ArgumentParser, UserError, check_writable, run_script
 from minies.config import ModelOptions, TaskOptions, add_arguments, checked, from_args, option
 from minies.evaluate import evaluate
 from minies.models import default_model, load_config, load_model, load_tokenizer, prompt_style_for
+from minies.recipes import own_recipe, recipe_defaults
 from minies.tasks import get_task
 
 
 @dataclass
 class EvalConfig(TaskOptions, ModelOptions):
     seed: int = option(0, "task split and sampling seed", check="non_negative")
-    problems: int = option(500, "held-out problems to use", check="positive")
+    problems: int = option(None, "held-out problems to use (default: all of the test split: 500 generated, or every "
+                           "row of --eval-data)", check="positive")
     n: int = option(32, "samples per problem", check="positive")
     k: list = option((1, 4, 16, 32), "k values for pass@k; each >= 1 and <= n", nargs="+",
                      type=checked(int, "positive"))
@@ -33,8 +40,15 @@ class EvalConfig(TaskOptions, ModelOptions):
 
 
 def main(argv=None):
+    pre = argparse.ArgumentParser(add_help=False)
+    for flag in ("--model", "--task"):
+        pre.add_argument(flag)
+    known = pre.parse_known_args(argv)[0]
     ap = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_arguments(ap, EvalConfig, "evaluation")
+    # The task-level settings of the model's own recipe (its prompt style, its task).
+    own = own_recipe(known.model or default_model(known.task or EvalConfig.task))
+    ap.set_defaults(**recipe_defaults([own], None, {f.name for f in dataclasses.fields(EvalConfig)}))
     cfg = from_args(EvalConfig, ap.parse_args(argv))
     cfg.model = cfg.model or default_model(cfg.task)
     too_big = [k for k in cfg.k if k > cfg.n]
@@ -47,21 +61,24 @@ def main(argv=None):
 
     style = prompt_style_for(cfg.prompt_style, load_config(cfg.model))
     task = get_task(cfg.task, seed=cfg.seed, data=cfg.data, prompt_style=style, max_new_tokens=cfg.max_new_tokens,
-                    lenient_answers=cfg.lenient_answers)
+                    lenient_answers=cfg.lenient_answers, eval_data=cfg.eval_data, train_problems=cfg.train_problems,
+                    reward=cfg.reward)
+    if task.split_note:
+        print(f"note: {task.split_note}", file=sys.stderr)
     tok = load_tokenizer(cfg.model)
     model = load_model(cfg.model, cfg.dtype, cfg.load_in_8bit)
     metrics = evaluate(model, tok, task, task.test_problems()[:cfg.problems], n=cfg.n, ks=cfg.k,
                        temperature=cfg.temperature, seed=cfg.seed, micro_batch=cfg.micro_batch,
                        chat_template=cfg.chat_template, progress=True)
     print(f"{cfg.model} on {cfg.task} ({metrics['problems']} held-out problems, n={cfg.n}, T={cfg.temperature}, "
-          f"{style} prompts, up to {task.max_new_tokens} new tokens)")
+          f"{style} prompts, {task.reward} reward, up to {task.max_new_tokens} new tokens)")
     for key, value in metrics.items():
         if isinstance(value, float):
             print(f"  {key:<16} {value:.4f}")
     if cfg.out:
         os.makedirs(os.path.dirname(cfg.out) or ".", exist_ok=True)
         with open(cfg.out, "w") as f:
-            json.dump({"model": cfg.model, "task": cfg.task, "prompt_style": style,
+            json.dump({"model": cfg.model, "task": cfg.task, "prompt_style": style, "reward": task.reward,
                        "max_new_tokens": task.max_new_tokens, "temperature": cfg.temperature, **metrics}, f, indent=1)
 
 

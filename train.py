@@ -25,8 +25,8 @@ from minies import ArgumentParser, UserError, check_writable, checkpoint, distri
 from minies.config import ModelOptions, TaskOptions, add_arguments, from_args, option
 from minies.guard import Diverged, check_finite_weights
 from minies.evaluate import evaluate
-from minies.models import default_model, load_config, load_model, load_tokenizer, model_defaults, prompt_style_for
-from minies.recipes import RECIPES
+from minies.models import default_model, load_config, load_model, load_tokenizer, prompt_style_for
+from minies.recipes import RECIPES, own_recipe, recipe_defaults
 from minies.recipes import describe as describe_recipes
 from minies.tasks import get_task
 
@@ -47,11 +47,10 @@ def algorithms():
 @dataclass
 class TrainConfig(TaskOptions, ModelOptions):
     algo: str = option("es", "training algorithm", choices=["es", "grpo", "b3po", "m3po", "c3po"])
-    recipe: str = option(None, "a paper's hyper-parameters in one flag (listed below); explicit flags still win",
-                         choices=sorted(RECIPES))
-    steps: int = option(None, "training steps (default: the algorithm's own, sized for the shipped model, or what "
-                        "the model's config.json names for it)",
-                        check="positive")
+    recipe: str = option(None, "a paper's settings in one flag (listed below; minies/recipes.py), over the model's "
+                         "own recipe; explicit flags still win", choices=sorted(RECIPES))
+    steps: int = option(None, "training steps (default: the recipe's, else the algorithm's own, sized for the shipped "
+                        "model)", check="positive")
     seed: int = option(0, "seed for prompts, sampling and noise", check="non_negative")
     out: str = option("out", "directory for run directories")
     run_name: str = option(None, "run name (default: <algo>-<task>-seed<seed>)")
@@ -59,14 +58,17 @@ class TrainConfig(TaskOptions, ModelOptions):
     save_every: int = option(25, "checkpoint every k steps (and at the end)", check="positive")
     eval_every: int = option(25, "held-out pass@1, greedy accuracy, entropy, malformed and truncated rates every "
                                  "k steps (0: only before and after)", check="non_negative")
-    eval_problems: int = option(500, "held-out problems for the evaluations", check="positive")
+    eval_problems: int = option(None, "held-out problems for the evaluations (default: all of the test split: 500 "
+                                "generated, or every row of --eval-data)", check="positive")
     eval_samples: int = option(4, "samples per problem for held-out pass@1 during training", check="positive")
     final_samples: int = option(16, "samples per problem for the before/after evaluation (pass@1, pass@16)",
                                 check="positive")
 
 
 def parse_args(argv):
-    # Two passes: --recipe and --algo decide which flags exist and their defaults (--help shows only those).
+    """(TrainConfig, the algorithm's config, the algorithm's class, the recipes applied, weakest first)."""
+    # Two passes: --recipe, --algo and the model decide which flags exist and their defaults (--help shows
+    # only those).
     pre = argparse.ArgumentParser(add_help=False)
     for flag in ("--algo", "--recipe", "--model", "--task"):
         pre.add_argument(flag)
@@ -80,33 +82,31 @@ def parse_args(argv):
     table = algorithms()
     if algo not in table:
         raise UserError(f"--algo {algo}: unknown or not available; choose one of {', '.join(table)}")
+    # The model a run loads (hence its own recipe) depends on the task, which --recipe may name.
+    task = known.task or (recipe.settings(algo).get("task") if recipe else None) or TrainConfig.task
+    recipes = [own_recipe(known.model or default_model(task)), known.recipe]
     parser = ArgumentParser(description=__doc__, epilog="recipes (--recipe NAME):\n" + describe_recipes(),
                             formatter_class=argparse.RawDescriptionHelpFormatter)
     add_arguments(parser, TrainConfig, "training")
     add_arguments(parser, table[algo][0], f"{algo} (see minies/{table[algo][1].__module__.split('.')[-1]}.py)")
     parser.set_defaults(algo=algo)
-    # Defaults, weakest first: the dataclasses', the model's own settings for this algorithm (a shipped model
-    # names those tuned on it), the recipe's; explicit flags win over all.
     names = {f.name for config in (TrainConfig, table[algo][0]) for f in dataclasses.fields(config)}
-    tuned = algorithm_defaults(known.model or default_model(known.task or TrainConfig.task), algo)
-    parser.set_defaults(**{name: value for name, value in tuned.items() if name in names})
-    if recipe:
-        parser.set_defaults(**{name: value for name, value in recipe.values.items() if name in names})
+    parser.set_defaults(**recipe_defaults(recipes, algo, names))
     args = parser.parse_args(argv)
     args.model = args.model or default_model(args.task)  # resolved here, so config.json records the path
-    return from_args(TrainConfig, args), from_args(table[algo][0], args), table[algo][1]
+    return (from_args(TrainConfig, args), from_args(table[algo][0], args), table[algo][1],
+            [name for name in recipes if name])
 
 
-def algorithm_defaults(model, algo):
-    """The settings a local model directory's config.json names for `algo` (minies_defaults.algorithms;
-    models.py), {} for none. Only local: parsing flags (and --help) never waits on the network, and a model
-    whose config cannot be read gets none here: main() then reports why it cannot be loaded."""
-    if not os.path.isdir(os.path.expanduser(model)):
-        return {}
-    try:
-        return model_defaults(load_config(model)).get("algorithms", {}).get(algo, {})
-    except UserError:
-        return {}
+def describe_settings(names, cfg, algo_cfg):
+    """One line per recipe applied: the values of every flag it names, as the run resolved them (a flag given
+    on the command line shows its own value)."""
+    values = {**dataclasses.asdict(cfg), **dataclasses.asdict(algo_cfg)}
+    lines = []
+    for name in names:
+        keys = [k for k in RECIPES[name].settings(cfg.algo) if k in values]
+        lines.append(f"recipe {name}: " + ", ".join(f"--{k.replace('_', '-')} {values[k]}" for k in keys))
+    return lines
 
 
 def heldout(model, tok, task, cfg, n, progress=False):
@@ -116,11 +116,14 @@ def heldout(model, tok, task, cfg, n, progress=False):
 
 
 def main(argv=None):
-    cfg, algo_cfg, Algorithm = parse_args(argv)
+    cfg, algo_cfg, Algorithm, recipes = parse_args(argv)
     if cfg.steps is None:
         cfg.steps = Algorithm.default_steps
     distributed.init()
     main_rank = distributed.is_main()
+    if main_rank:
+        for line in describe_settings(recipes, cfg, algo_cfg):
+            print(line)
     run_dir = os.path.join(cfg.out, cfg.run_name or f"{cfg.algo}-{cfg.task}-seed{cfg.seed}")
     check_writable(run_dir, "--out")
     resume_from, state = None, None
@@ -136,11 +139,18 @@ def main(argv=None):
         print(f"note: {run_dir} has no checkpoint; starting it from step 0", file=sys.stderr)
 
     torch.manual_seed(cfg.seed)
-    # The prompt style and generation length are resolved here and recorded in config.json.
+    # The prompt style, reward and generation length are resolved here and recorded in config.json.
     cfg.prompt_style = prompt_style_for(cfg.prompt_style, load_config(cfg.model))
     task = get_task(cfg.task, seed=cfg.seed, data=cfg.data, prompt_style=cfg.prompt_style,
-                    max_new_tokens=cfg.max_new_tokens)
-    cfg.max_new_tokens = task.max_new_tokens
+                    max_new_tokens=cfg.max_new_tokens, eval_data=cfg.eval_data, train_problems=cfg.train_problems,
+                    reward=cfg.reward)
+    if cfg.data is None and task.needs_data:
+        raise UserError(task.data_help)
+    cfg.max_new_tokens, cfg.reward = task.max_new_tokens, task.reward
+    if main_rank:
+        for note in filter(None, [task.split_note, task.overlap and f"{task.overlap} problem(s) of --data are also "
+                                  "in --eval-data: left out of training"]):
+            print(f"note: {note}", file=sys.stderr)
     tok = load_tokenizer(cfg.model)
     # Algorithms that save something other than what they train (merged LoRA adapters) restart from
     # the base model and restore the rest from their state; the others reload the checkpoint itself.
@@ -159,7 +169,7 @@ def main(argv=None):
         if main_rank:
             os.makedirs(run_dir, exist_ok=True)
             with open(os.path.join(run_dir, "config.json"), "w") as f:
-                json.dump({"train": asdict(cfg), cfg.algo: asdict(algo_cfg)}, f, indent=1)
+                json.dump({"train": asdict(cfg), cfg.algo: asdict(algo_cfg), "recipes": recipes}, f, indent=1)
             print("before: " + _fmt(before))
 
     if main_rank and resume_from:

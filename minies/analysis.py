@@ -12,7 +12,6 @@ import numpy as np
 import torch
 
 from minies.metrics import average_ranks, mean_pass_at_k
-from minies.tasks import BOXED, GSM8K_NUMBER, last_answer_tag
 
 LAYER_TYPES = ("embedding", "attention", "mlp", "norm", "other")
 # First match wins. Norms come before attention because "post_attention_layernorm" names a norm, and
@@ -23,26 +22,14 @@ _LAYER_PATTERNS = (("embedding", re.compile(r"embed|lm_head|\bwte\b|\bwpe\b")),
                    ("mlp", re.compile(r"mlp|feed_forward")))
 
 
-def answer_outcome(score, completion):
-    """What the verifier sees in one completion, as a hashable label: "correct"; "malformed" (the task
-    could extract no answer); or, for a wrong answer, the extracted answer text itself, so that two
-    wrong completions count as the same outcome exactly when their answers read the same.
-
-    `score` is the completion's task.score(completion, problem), computed once by the caller: correct
-    and malformed come from it, so every task is judged by its own verifier. The wrong
-    answer's text is the content of the last <answer> tag, which arithmetic and countdown always have
-    when they score a completion as well formed. gsm8k also accepts an untagged answer: then the label
-    is the last \\boxed{} content, else the last number, which is where its verifier reads the answer.
-    """
+def answer_outcome(score):
+    """What the verifier saw in one completion, from its task.score(...), as a hashable label: "correct";
+    "malformed" (the task could read no answer); or, for a wrong answer, the answer the task read
+    (Score.answer), so that two wrong completions count as the same outcome exactly when their answers read
+    the same. Every task is judged by its own verifier, reading where it reads."""
     if score.correct:
         return "correct"
-    if score.malformed:
-        return "malformed"
-    tagged = last_answer_tag(completion)
-    if tagged is not None:
-        return tagged
-    boxed = BOXED.findall(completion)
-    return boxed[-1] if boxed else GSM8K_NUMBER.findall(completion)[-1]
+    return "malformed" if score.malformed else score.answer
 
 
 def _entropy_bits(counts):

@@ -8,7 +8,7 @@ import dataclasses
 import math
 
 from minies.models import DTYPES
-from minies.tasks import DEFAULT_TASK, TASKS
+from minies.tasks import ALL_PROMPT_STYLES, DEFAULT_TASK, REWARDS, TASKS
 
 # check -> (what a valid value is, for floats and for ints; the test). The test sees a float or an int.
 CHECKS = {
@@ -72,7 +72,8 @@ def from_args(config_class, args):
 @dataclasses.dataclass
 class ModelOptions:
     model: str = option(None, "hub id or local directory of a causal LM (None: the shipped tiny model for --task: "
-                        "minies/assets/tiny-countdown for countdown, minies/assets/tiny otherwise)")
+                        "minies/assets/tiny-countdown for countdown, minies/assets/tiny otherwise); a model may name "
+                        "its own recipe (minies/recipes.py)")
     dtype: str = option("float32", "weights dtype", choices=list(DTYPES))
     load_in_8bit: bool = option(False, "load the linear layers in 8-bit (bitsandbytes LLM.int8)")
     chat_template: bool = option(True, "wrap questions in the tokenizer's chat template when it has one")
@@ -81,12 +82,21 @@ class ModelOptions:
 @dataclasses.dataclass
 class TaskOptions:
     task: str = option(DEFAULT_TASK, "task", choices=sorted(TASKS))
-    data: str = option(None, "local data file: gsm8k needs one (JSON Lines of question, answer ending in "
-                       "'#### N'); countdown may read one (JSON Lines or a JSON list of numbers or nums, target)")
-    prompt_style: str = option("auto", "terse: the short questions the shipped model was trained on; instruct: "
-                               "full instructions with the answer format, for instruction-tuned models; auto: "
-                               "the model's own (minies_defaults in its config.json), else instruct",
-                               choices=["auto", "terse", "instruct"])
+    data: str = option(None, "local data file to train on: gsm8k needs one (JSON Lines of question, answer ending in "
+                       "'#### N'); countdown may read one (JSON Lines or a JSON list of numbers or nums, target, "
+                       "optionally context and solution: Qiu et al.'s and TinyZero's formats)")
+    eval_data: str = option(None, "local data file to evaluate on, all of its rows (same format as --data); without "
+                            "it a file given by --data is split in two (docs/real-models.md)")
+    train_problems: int = option(None, "train on a fixed set of this many problems, the same every step: the first "
+                                 "rows of --data (the rest are evaluated on, unless --eval-data), or generated once",
+                                 check="positive")
+    prompt_style: str = option("auto", "terse: the short questions the shipped models were trained on; instruct: "
+                               "full instructions with the answer format, for instruction-tuned models; qiu, "
+                               "tinyzero (countdown): the papers' own prompts; auto: the model's recipe's, else "
+                               "instruct", choices=["auto", *ALL_PROMPT_STYLES])
+    reward: str = option("auto", "reward scheme: minies (1 correct + 0.1 for a readable answer); qiu, tinyzero "
+                         "(countdown): the papers' own (docs/papers.md); auto: the prompt style's own",
+                         choices=["auto", *REWARDS])
     max_new_tokens: int = option(None, "tokens generated per completion (default: the task's for the prompt "
                                  "style; instruct: arithmetic 256, countdown 1024, gsm8k 512)", check="positive")
 

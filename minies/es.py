@@ -48,10 +48,10 @@ from minies.eggroll import LowRankPopulation, matrix_modules
 from minies.evaluate import score_rollouts
 from minies.guard import check_finite
 from minies.metrics import average_ranks
-from minies.models import model_defaults, model_device
+from minies.models import model_device
 from minies.perturbed import PerturbedTensor, StepNoise, noise
 from minies.placement import choose_mode, master_device
-from minies.rollout import encode, format_prompts, generate
+from minies.rollout import encode, generate
 
 
 @dataclass
@@ -63,9 +63,8 @@ class ESConfig:
                                    check="positive")
     antithetic: bool = option(True, "mirrored pairs +ε / −ε")
     normalize: str = option("rank", "reward normalisation across members", choices=["rank", "zscore"])
-    params: str = option(None, "regex: perturb only the parameters whose name matches ('.*': all). Default: the "
-                         "model's own choice (minies_defaults in its config.json; the shipped model: its embeddings "
-                         "and first block), else all weights")
+    params: str = option(".*", "regex: perturb only the parameters whose name matches ('.*': all; the shipped "
+                         "model's recipe names its embeddings and first block)")
     greedy: bool = option(True, "score members with greedy decoding (else sampled at --temperature)")
     temperature: float = option(1.0, "sampling temperature when not greedy", check="positive")
     micro_batch: int = option(1024, "sequences per generate call (lowrank: members per call = this // prompts)",
@@ -143,7 +142,6 @@ class ES:
         self.prompts_per_step = config.prompts_per_step
         member_seeds(0, config.population, config.antithetic)  # a bad --population fails now, not after an evaluation
         owner = {id(p): m for m in model.modules() for p in m.parameters(recurse=False)}
-        config.params = config.params or model_defaults(model.config)["es_params"]  # recorded in config.json
         pattern = re.compile(config.params)
         chosen = [(i, name, p) for i, (name, p) in enumerate(model.named_parameters()) if pattern.search(name)]
         device = model_device(model)
@@ -175,8 +173,7 @@ class ES:
     def format(self, problems):
         """The prompts of `problems`, chat-formatted and tokenized (rollout.encode): once per step, as every
         member is scored on them (per member, they would cost several per cent of its scoring)."""
-        questions = [p.question for p in problems]
-        return encode(self.tokenizer, format_prompts(self.tokenizer, questions, self.chat_template))
+        return encode(self.tokenizer, self.task.prompts(self.tokenizer, problems, self.chat_template))
 
     @torch.no_grad()
     def score(self, problems, prompts, seed, micro_batch=None):
@@ -186,8 +183,8 @@ class ES:
         r = generate(self.model, self.tokenizer, prompts, self.task.max_new_tokens, self.cfg.temperature,
                      greedy=self.cfg.greedy, micro_batch=micro_batch or self.cfg.micro_batch, seed=seed)
         scores = score_rollouts(self.task, problems, r.texts)
-        outcomes = [answer_outcome(score, text) for score, text in zip(scores, r.texts)]
-        truncated = r.truncated(self.tokenizer.eos_token_id).numpy()
+        outcomes = [answer_outcome(score) for score in scores]
+        truncated = r.truncated.numpy()
         return np.array([s.reward for s in scores]), truncated, int(r.lengths.sum()), outcomes
 
     @torch.no_grad()

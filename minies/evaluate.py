@@ -1,5 +1,5 @@
 """Held-out evaluation shared by eval.py and train.py: pass@k from n samples per problem, greedy
-accuracy, malformed rate, truncated rate (completions cut off at max_new_tokens, which a reasoning model
+accuracy, malformed rate, the reward scheme's mean format credit ("format_reward"), truncated rate (completions cut off at max_new_tokens, which a reasoning model
 needs to watch: a cut-off trace has no answer), mean full-vocabulary token entropy, mean completion
 length, and for tasks with several correct solutions per problem (Countdown) how many distinct ones the n
 samples found per solved problem ("distinct_correct") and which share of all of them ("solution_coverage")."""
@@ -8,7 +8,7 @@ import torch
 from tqdm import tqdm
 
 from minies.metrics import masked_mean, mean_pass_at_k
-from minies.rollout import completion_logprobs, format_prompts, generate, logits_rows
+from minies.rollout import completion_logprobs, generate, logits_rows
 
 
 def score_rollouts(task, problems, texts):
@@ -20,11 +20,11 @@ def score_rollouts(task, problems, texts):
 def evaluate(model, tokenizer, task, problems, n=16, ks=(1, 16), temperature=1.0, greedy=True, seed=0,
              micro_batch=256, chat_template=True, progress=False):
     """Returns a dict of metrics. n=0 skips sampling (greedy only); greedy=False skips greedy."""
-    prompts = format_prompts(tokenizer, [p.question for p in problems], chat_template)
+    prompts = task.prompts(tokenizer, problems, chat_template)
     result = {"problems": len(problems), "n": n}
     if n > 0:
         correct = np.zeros(len(problems), dtype=int)
-        malformed, truncated, entropy, length = [], [], [], []
+        malformed, format_credit, truncated, entropy, length = [], [], [], [], []
         found = [set() for _ in problems]  # the distinct correct solutions sampled for each problem
         # One block of problems at a time, so the bar moves and memory stays bounded.
         block = max(1, micro_batch // n)
@@ -40,7 +40,8 @@ def evaluate(model, tokenizer, task, problems, n=16, ks=(1, 16), temperature=1.0
                 if sc.correct:
                     found[s + i // n].add(sc.solution)
             malformed += [sc.malformed for sc in scores]
-            truncated += r.truncated(tokenizer.eos_token_id).tolist()
+            format_credit += [sc.format for sc in scores]
+            truncated += r.truncated.tolist()
             chunk = logits_rows(r.completion_ids.shape[1], model.config.vocab_size, micro_batch)
             _, ent = completion_logprobs(model, r.prompt_ids, r.prompt_mask, r.completion_ids, r.completion_mask,
                                          temperature, with_entropy=True, chunk=chunk)
@@ -50,6 +51,7 @@ def evaluate(model, tokenizer, task, problems, n=16, ks=(1, 16), temperature=1.0
             if k <= n:
                 result[f"pass@{k}"] = mean_pass_at_k(correct, n, k)
         result["malformed_rate"] = float(np.mean(malformed))
+        result["format_reward"] = float(np.mean(format_credit))
         result["truncated_rate"] = float(np.mean(truncated))
         result["entropy"] = sum(entropy) / max(sum(length), 1)
         result["mean_length"] = sum(length) / (len(problems) * n)
@@ -70,6 +72,6 @@ def solution_metrics(task, problems, found):
 
 
 def greedy_accuracy(model, tokenizer, task, problems, micro_batch=256, chat_template=True):
-    prompts = format_prompts(tokenizer, [p.question for p in problems], chat_template)
+    prompts = task.prompts(tokenizer, problems, chat_template)
     r = generate(model, tokenizer, prompts, task.max_new_tokens, greedy=True, micro_batch=micro_batch)
     return float(np.mean([s.correct for s in score_rollouts(task, problems, r.texts)]))

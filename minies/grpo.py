@@ -41,7 +41,7 @@ from minies import UserError, distributed, lora
 from minies.config import option
 from minies.guard import check_finite
 from minies.models import model_device
-from minies.rollout import completion_logprobs, format_prompts, generate, logits_rows
+from minies.rollout import completion_logprobs, generate, logits_rows
 
 AGGREGATIONS = ("grpo", "dapo", "dr_grpo")
 
@@ -196,7 +196,7 @@ class GRPO:
 
     def prompts(self, problems):
         """The prompt strings of this rank's rollouts: its share of `problems`, each repeated G times."""
-        return format_prompts(self.tokenizer, [p.question for p in self.local(problems)], self.chat_template)
+        return self.task.prompts(self.tokenizer, self.local(problems), self.chat_template)
 
     def local(self, problems):
         """This rank's share of `problems`, each repeated G times (a group's completions side by side)."""
@@ -215,7 +215,7 @@ class GRPO:
         scores = [self.task.score(text, p) for p, text in zip(self.local(problems), rollouts.texts)]
         per_completion = torch.tensor([[s.reward, s.correct, s.malformed] for s in scores], dtype=torch.float64)
         per_completion = torch.cat([per_completion, rollouts.lengths[:, None].double(),
-                                    rollouts.truncated(self.tokenizer.eos_token_id)[:, None].double()], 1)
+                                    rollouts.truncated[:, None].double()], 1)
         table = torch.zeros(len(problems), self.config.group_size, per_completion.shape[1], dtype=torch.float64)
         table[mine] = per_completion.view(len(mine), self.config.group_size, -1)
         return Scores(*distributed.all_reduce_sum(table).unbind(-1))

@@ -25,23 +25,12 @@ from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
 from minies.config import add_arguments, from_args, option
 from minies.evaluate import evaluate
 from minies.models import SHIPPED_MODELS
-from minies.rollout import format_prompts
 from minies.tasks import Arithmetic, Countdown, solutions
 
 SPECIAL = ["<pad>", "<eos>", "<unk>"]
 WORDS = ["<answer>", "</answer>", "<|user|>", "<|assistant|>"]  # single tokens, kept when decoding
-# The terse prompts it is trained on, and ES perturbing only the embeddings and the first block, where
-# nearly all of this model's reward gradient lies (docs/tiny-model.md). ES runs in place, as its settings
-# were tuned and its results (docs/results.md) measured; `--mode auto` would pick lowrank, whose noise differs.
-SHIPPED_DEFAULTS = {"prompt_style": "terse", "es_params": r"embed_tokens|layers\.0\.",
-                    "algorithms": {"es": {"mode": "inplace"}}}
-# The Countdown model: terse prompts, ES perturbing every weight, and settings tuned on it (docs/tuning.md): ES
-# takes a larger step on 64 prompts (a prompt costs ~4x an arithmetic one) for 50 steps, where it peaks; M3PO
-# and C3PO take fewer steps, to learn within about 10 minutes on 2 cores.
-# ES was tuned for Countdown in place, as for the arithmetic model.
-COUNTDOWN_DEFAULTS = {"prompt_style": "terse", "es_params": ".*", "task": "countdown",
-                      "algorithms": {"es": {"alpha": 0.03, "prompts_per_step": 64, "steps": 50, "mode": "inplace"},
-                                     "m3po": {"steps": 150}, "c3po": {"steps": 200}}}
+# Each shipped model names its own recipe (minies/recipes.py: what was tuned on it), saved in its config.json.
+RECIPE = {"arithmetic": "tiny", "countdown": "tiny-countdown"}
 CHAT_TEMPLATE = ("{% for m in messages %}<|user|>{{ m['content'] }}{% endfor %}"
                  "{% if add_generation_prompt %}<|assistant|>{% endif %}")
 
@@ -61,21 +50,21 @@ def build_tokenizer():
     return tok
 
 
-def build_model(tok, hidden, layers, seed, defaults=SHIPPED_DEFAULTS):
+def build_model(tok, hidden, layers, seed, recipe="tiny"):
     torch.manual_seed(seed)
     config = Qwen2Config(vocab_size=len(tok), hidden_size=hidden, intermediate_size=4 * hidden,
                          num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2,
                          max_position_embeddings=128, tie_word_embeddings=True, pad_token_id=tok.pad_token_id,
                          eos_token_id=tok.eos_token_id, bos_token_id=None)
-    # What minies should assume for this model unless told otherwise (minies.models.model_defaults); saved in
-    # config.json, so every checkpoint trained from it keeps them.
-    config.minies_defaults = defaults
+    # The recipe train.py and eval.py apply to this model (minies/recipes.py); saved in config.json, so every
+    # checkpoint trained from it names it too.
+    config.minies_recipe = recipe
     return Qwen2ForCausalLM(config)
 
 
 def sft_batch(tok, task, problems):
     """Token ids of prompt + solution + EOS, right-padded, with labels only on the completion."""
-    prompts = format_prompts(tok, [p.question for p in problems])
+    prompts = task.prompts(tok, problems)
     rows, labels = [], []
     for prompt, p in zip(prompts, problems):
         prompt_ids = tok(prompt, add_special_tokens=False)["input_ids"]
@@ -158,7 +147,7 @@ def main(argv=None):
     countdown = args.task == "countdown"
     task = Countdown() if countdown else Arithmetic()
     tok = build_tokenizer()
-    model = build_model(tok, args.hidden, args.layers, args.seed, COUNTDOWN_DEFAULTS if countdown else SHIPPED_DEFAULTS)
+    model = build_model(tok, args.hidden, args.layers, args.seed, RECIPE[args.task])
     print(f"{sum(p.numel() for p in model.parameters()) / 1e6:.2f}M parameters")
 
     def report(step, loss):

@@ -25,26 +25,20 @@ huggingface_hub.utils.logging.set_verbosity_error()  # no network: our one-line 
 logging.getLogger("bitsandbytes").setLevel(logging.ERROR)
 
 
-# What minies assumes for a model whose config.json names nothing else: an instruction-tuned model, asked in
-# full instructions, with ES perturbing every weight as the papers do, and each algorithm at its own defaults.
-# A model can name its own in a "minies_defaults" entry of its config.json, as the shipped tiny models do;
-# "algorithms" maps an algorithm to train.py settings tuned on the model ({"es": {"prompts_per_step": 64}}).
-MODEL_DEFAULTS = {"prompt_style": "instruct", "es_params": ".*", "algorithms": {}}
-
-
 def default_model(task):
     """The model used when --model is not given: the shipped model trained on `task`, else SHIPPED_MODEL."""
     return SHIPPED_MODELS.get(task, SHIPPED_MODEL)
 
 
-def model_defaults(config):
-    """MODEL_DEFAULTS updated with what the model's `config` (a transformers config) names."""
-    return {**MODEL_DEFAULTS, **(getattr(config, "minies_defaults", None) or {})}
-
-
 def prompt_style_for(style, config):
-    """"terse" or "instruct": `style` itself, or for "auto" the model's own default (model_defaults)."""
-    return model_defaults(config)["prompt_style"] if style == "auto" else style
+    """`style` itself, or for "auto" the prompt style of the recipe the model names for itself (`minies_recipe` in
+    its config.json: minies/recipes.py), else "instruct", the style of any instruction-tuned model."""
+    from minies.recipes import RECIPES
+
+    if style != "auto":
+        return style
+    recipe = RECIPES.get(getattr(config, "minies_recipe", None))
+    return recipe.values["prompt_style"][0] if recipe and "prompt_style" in recipe.values else "instruct"
 
 
 def load_config(name=SHIPPED_MODEL):

@@ -1,45 +1,152 @@
-"""Named recipes: a paper's hyper-parameters in one flag, `train.py --recipe NAME`.
+"""Named recipes: a set of train.py settings in one flag, `train.py --recipe NAME`.
 
-A recipe sets the defaults of the flags it names (and --algo, to its first algorithm); flags given on the
-command line still win, and config.json records the values a run actually used. The values come from the
-papers and their public code (docs/papers.md); they were chosen for models of 0.5B-7B parameters, not for
-the shipped tiny model, whose own defaults are the flags' defaults.
+Two kinds. The papers' recipes set the hyper-parameters, data regime, prompt and reward a paper ran with, each
+value with where it comes from (`docs/papers.md`, "Recipes", prints them all; "minies' choice" marks a value
+the source does not give). They were chosen for models of 0.5B-7B parameters. The shipped models' recipes
+(`tiny`, `tiny-countdown`) hold what was tuned on those models (docs/tuning.md); a model names its own recipe
+in its config.json (`"minies_recipe": "tiny"`), and train.py and eval.py apply it when the model is used.
+
+Defaults, weakest first: the flags' own (the dataclasses'), the model's recipe, --recipe; flags given on the
+command line win over all. A recipe sets --algo to its first algorithm; values for flags an algorithm does not
+have are skipped. config.json records the values a run actually used, and train.py prints a recipe's.
 """
 import textwrap
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+
+MINIES = "minies' choice"
+ALGOS = ("es", "grpo", "b3po", "m3po", "c3po")
 
 
 @dataclass(frozen=True)
 class Recipe:
+    summary: str  # one line for --help
     algos: tuple  # the algorithms it is for; the first is the --algo it implies
-    values: dict  # field (flag) name -> value; fields an algorithm does not have are skipped
-    source: str
+    values: dict  # flag (field) name -> (value, where the value comes from)
+    per_algo: dict = field(default_factory=dict)  # algorithm -> {flag: (value, source)}, over `values`
 
+    def settings(self, algo):
+        """{flag: value} of this recipe for `algo`."""
+        return {name: value for name, (value, _) in {**self.values, **self.per_algo.get(algo, {})}.items()}
+
+
+QIU = "Qiu et al. 2025, countdown/"
+THREEPO = "3PO paper's RL stage (Venkatkrishna et al.)"
+DSM = "DeepSeekMath (Shao et al. 2024)"
+TUNED = "tuned on the shipped model (docs/tuning.md)"
 
 RECIPES = {
     "qiu2025": Recipe(
+        "ES as in Qiu et al. 2025 on Countdown: their data regime (a fixed set of 200 problems, scored every "
+        "iteration), raw prompt, reward and hyper-parameters",
         ("es",),
-        {"population": 30, "sigma": 1e-3, "alpha": 5e-4, "normalize": "zscore", "antithetic": False,
-         "params": ".*", "mode": "inplace", "greedy": True, "steps": 500},
-        "ES as in Qiu et al. 2025: N=30, σ=1e-3, α=5e-4, z-scored rewards, no mirrored pairs, full-rank noise "
-        "on all weights (in place), greedy scoring, 500 iterations"),
+        {"task": ("countdown", f"{QIU} (the paper's Countdown experiment)"),
+         "prompt_style": ("qiu", f"{QIU}data/countdown.json: `context`, fed without a chat template"),
+         "reward": ("qiu", f"{QIU}countdown_task.py: reward_function, answer + 0.1·format"),
+         "train_problems": (200, "README: --data_sample 200; the first 200 rows of countdown.json"),
+         "prompts_per_step": (200, "every member is scored on all 200 training problems"),
+         "max_new_tokens": (1024, f"{QIU}es_fine-tuning_countdown.py: max_new_tokens"),
+         "population": (30, f"{QIU}es_fine-tuning_countdown.py: POPULATION_SIZE"),
+         "sigma": (1e-3, f"{QIU}es_fine-tuning_countdown.py: SIGMA"),
+         "alpha": (5e-4, f"{QIU}es_fine-tuning_countdown.py: ALPHA, with 1/N in the update"),
+         "normalize": ("zscore", f"{QIU}es_fine-tuning_countdown.py: (r − mean) / (std + 1e-8)"),
+         "antithetic": (False, f"{QIU}es_fine-tuning_countdown.py: every member's seed drawn on its own"),
+         "params": (".*", f"{QIU}es_fine-tuning_countdown.py: every named parameter is perturbed"),
+         "mode": ("inplace", f"{QIU}es_fine-tuning_countdown.py: the weights are perturbed in place"),
+         "greedy": (True, f"{QIU}es_fine-tuning_countdown.py: do_sample = False"),
+         "steps": (500, f"{QIU}es_fine-tuning_countdown.py: NUM_ITERATIONS")}),
     "3po": Recipe(
+        "C3PO (or B3PO, M3PO) as in the 3PO paper: IVON λ=1e9, h0=1e-3, lr 1 rescaled, clip radius 1e-3, "
+        "32 prompts × G=16 (C3PO: 2 chunks), GRPO clip 0.2, no KL; on GSM8K",
         ("c3po", "b3po", "m3po"),
-        {"ess": 1e9, "hess_init": 1e-3, "beta1": 0.9, "beta2": 0.9999, "weight_decay": 1e-6, "lr": 1.0,
-         "rescale_lr": True, "clip_radius": 1e-3, "max_grad_norm": 1.0, "prompts": 32, "group_size": 16,
-         "chunks": 2, "epsilon_low": 0.2, "epsilon_high": 0.2, "beta": 0.0, "updates_per_batch": 1},
-        "IVON as in the 3PO paper: λ=1e9, h0=1e-3, β1=0.9, β2=0.9999, δ=1e-6, lr 1 rescaled, clip radius 1e-3, "
-        "grad clip 1, 32 prompts × G=16 (C3PO: N=2 chunks), GRPO clip 0.2, no KL"),
+        {"ess": (1e9, THREEPO), "hess_init": (1e-3, THREEPO), "beta1": (0.9, THREEPO), "beta2": (0.9999, THREEPO),
+         "weight_decay": (1e-6, THREEPO), "lr": (1.0, THREEPO), "rescale_lr": (True, THREEPO),
+         "clip_radius": (1e-3, THREEPO), "max_grad_norm": (1.0, THREEPO), "prompts": (32, THREEPO),
+         "group_size": (16, f"{THREEPO}: G = 8 to 16"), "chunks": (2, f"{THREEPO}: the headline run's N = 2"),
+         "epsilon_low": (0.2, THREEPO), "epsilon_high": (0.2, THREEPO), "beta": (0.0, f"{THREEPO}: no KL"),
+         "task": ("gsm8k", f"{MINIES}: the paper trains 7B models on competition math"),
+         "prompt_style": ("instruct", MINIES),
+         "max_new_tokens": (512, f"{MINIES}: GSM8K's solutions fit well within it"),
+         "temperature": (1.0, f"{MINIES}: sampling from the policy itself"),
+         "steps": (234, f"{MINIES}: one pass over GSM8K's 7,473 training problems, 32 a step")}),
     "deepseekmath": Recipe(
+        "GRPO as in DeepSeekMath (Shao et al. 2024): lr 1e-6, KL β=0.04, G=64, 1,024 completions a step, one "
+        "update per batch, up to 1,024 tokens; on GSM8K",
         ("grpo",),
-        {"lr": 1e-6, "beta": 0.04, "group_size": 64, "prompts": 16, "epsilon_low": 0.2, "epsilon_high": 0.2,
-         "scale_rewards": "group", "loss_aggregation": "grpo", "updates_per_batch": 1},
-        "GRPO as in DeepSeekMath (Shao et al. 2024): lr 1e-6, KL β=0.04, G=64, 1024 completions a step, "
-        "clip 0.2, one update per batch"),
+        {"lr": (1e-6, f"{DSM}, §4.2"), "beta": (0.04, f"{DSM}, §4.2: the KL coefficient"),
+         "group_size": (64, f"{DSM}, §4.2: 64 outputs per question"),
+         "prompts": (16, f"{DSM}, §4.2: a training batch of 1,024 outputs, 64 per question"),
+         "updates_per_batch": (1, f"{DSM}, §4.2: a single update after each exploration stage"),
+         "scale_rewards": ("group", f"{DSM}, §4.1.2: rewards normalised by the group's mean and std"),
+         "loss_aggregation": ("grpo", f"{DSM}, §4.1.1, Eq. 3: the mean over tokens, then over outputs"),
+         "max_new_tokens": (1024, f"{DSM}, §4.2: a max length of 1,024"),
+         "epsilon_low": (0.2, f"{MINIES}: PPO's clip range; the paper does not give ε"),
+         "epsilon_high": (0.2, f"{MINIES}: PPO's clip range; the paper does not give ε"),
+         "task": ("gsm8k", f"{DSM}, §4.2 trains on GSM8K and MATH questions; minies takes GSM8K's"),
+         "prompt_style": ("instruct", MINIES),
+         "temperature": (1.0, f"{MINIES}: the paper does not give it"),
+         "steps": (467, f"{MINIES}: one pass over GSM8K's 7,473 training problems, 16 a step")}),
+    "tiny": Recipe(
+        "the shipped model's own (minies/assets/tiny): terse prompts; ES in place on its embeddings and first block",
+        ALGOS,
+        {"prompt_style": ("terse", "the shipped model was trained on terse questions (docs/tiny-model.md)")},
+        {"es": {"params": (r"embed_tokens|layers\.0\.", "nearly all of its reward gradient lies there "
+                           "(docs/tiny-model.md)"),
+                "mode": ("inplace", "the mode its settings were tuned and its results measured in")}}),
+    "tiny-countdown": Recipe(
+        "the shipped Countdown model's own (minies/assets/tiny-countdown): terse Countdown; ES in place on all "
+        "weights, α 0.03 on 64 prompts for 50 steps",
+        ALGOS,
+        {"task": ("countdown", "the task it was trained on"),
+         "prompt_style": ("terse", "the shipped model was trained on terse questions (docs/tiny-model.md)")},
+        {"es": {"params": (".*", TUNED), "mode": ("inplace", TUNED), "alpha": (0.03, TUNED),
+                "prompts_per_step": (64, f"{TUNED}: a Countdown prompt costs ~4x an arithmetic one"),
+                "steps": (50, f"{TUNED}: where ES peaks")},
+         "m3po": {"steps": (150, f"{TUNED}: to learn within ~10 minutes on 2 cores")},
+         "c3po": {"steps": (200, f"{TUNED}: to learn within ~10 minutes on 2 cores")}}),
 }
+
+
+def own_recipe(model):
+    """The name of the recipe a local model directory names for itself (`minies_recipe` in its config.json),
+    or None. Hub ids get none here: parsing flags (and --help) never waits on the network, and a model whose
+    config cannot be read gets none either, for loading it later to say why."""
+    import os
+
+    from minies import UserError
+    from minies.models import load_config
+
+    if not os.path.isdir(os.path.expanduser(model)):
+        return None
+    try:
+        name = getattr(load_config(model), "minies_recipe", None)
+    except UserError:
+        return None
+    if name is not None and name not in RECIPES:
+        raise UserError(f"{model}: its config.json names minies_recipe {name!r}, which is not one of "
+                        f"{', '.join(RECIPES)}; fix or remove that entry")
+    return name
+
+
+def recipe_defaults(names, algo, fields):
+    """The defaults that the recipes `names` (weakest first; None skipped) set for `algo` (None: the values for
+    every algorithm only), restricted to the flags in `fields`."""
+    out = {}
+    for name in filter(None, names):
+        out.update({k: v for k, v in RECIPES[name].settings(algo).items() if k in fields})
+    return out
 
 
 def describe():
     """The recipes as lines for --help."""
-    return "\n".join(textwrap.fill(f"--algo {'|'.join(r.algos)}: {r.source}", 100, initial_indent=f"  {name:<13} ",
-                                   subsequent_indent=" " * 16) for name, r in RECIPES.items())
+    return "\n".join(textwrap.fill(f"--algo {'|'.join(r.algos)}: {r.summary}", 100, initial_indent=f"  {name:<15} ",
+                                   subsequent_indent=" " * 18) for name, r in RECIPES.items())
+
+
+def table(name):
+    """A recipe's values and their sources as Markdown table rows (docs/papers.md holds them all)."""
+    recipe = RECIPES[name]
+    rows = [("", key, value, source) for key, (value, source) in recipe.values.items()]
+    rows += [(algo, key, value, source) for algo, values in recipe.per_algo.items()
+             for key, (value, source) in values.items()]
+    return "\n".join(f"| {algo or 'all'} | `--{key.replace('_', '-')}` | {value} | {source} |"
+                     for algo, key, value, source in rows)

@@ -5,9 +5,11 @@ continues all rows together) and explicit position ids (a padded row's first rea
 position 0), both in generation and when re-scoring, so that the log-probs we recompute equal
 the ones the sampler used.
 
-The completion mask covers every generated token up to and including the first EOS. It is
-computed from the EOS position, never from the pad id, because many tokenizers use EOS as
-the pad token and masking "pad" would silently drop the EOS the model must learn to emit.
+The completion mask covers every generated token up to and including the first end token. It is
+computed from the end token's position, never from the pad id, because many tokenizers use EOS as
+the pad token and masking "pad" would silently drop the EOS the model must learn to emit. A model may
+declare several end tokens (Qwen2.5-Instruct's generation_config lists <|im_end|> and <|endoftext|>):
+generation stops at any of them, and masks, truncation and rewards treat them all alike (stop_token_ids).
 """
 from dataclasses import dataclass
 
@@ -22,32 +24,46 @@ class Rollouts:
     prompt_ids: torch.Tensor  # [B, P] left-padded
     prompt_mask: torch.Tensor  # [B, P] 1 on real prompt tokens
     completion_ids: torch.Tensor  # [B, C] right-padded after EOS
-    completion_mask: torch.Tensor  # [B, C] 1 up to and including the first EOS
+    completion_mask: torch.Tensor  # [B, C] 1 up to and including the first end token
     texts: list  # decoded completions, special tokens dropped
-    # The token tensors stay on the model's device, for the log-prob passes; the per-row counts below are
-    # host tensors, since they join the rewards and the log.
+    ended: torch.Tensor  # [B] bool: the completion stopped at an end token (else max_new_tokens cut it off)
+    # The token tensors stay on the model's device, for the log-prob passes; the per-row values (lengths,
+    # `ended`) are host tensors, since they join the rewards and the log.
 
     @property
     def lengths(self):
         return self.completion_mask.sum(-1).cpu()
 
-    def truncated(self, eos_id):
-        """True for rows that hit max_new_tokens without emitting EOS."""
-        return ~(self.completion_ids.eq(eos_id) & self.completion_mask.bool()).any(-1).cpu()
+    @property
+    def truncated(self):
+        """True for rows that hit max_new_tokens without emitting an end token."""
+        return ~self.ended
 
     def select(self, rows):
         """The rollouts at `rows` (indices), in that order."""
         rows = torch.as_tensor(rows)
         return Rollouts(self.prompt_ids[rows], self.prompt_mask[rows], self.completion_ids[rows],
-                        self.completion_mask[rows], [self.texts[i] for i in rows.tolist()])
+                        self.completion_mask[rows], [self.texts[i] for i in rows.tolist()], self.ended[rows])
 
 
-def format_prompts(tokenizer, questions, chat_template=True):
-    """Prompt strings: the chat template with a generation prompt when the tokenizer has one."""
+def format_prompts(tokenizer, questions, chat_template=True, system=None, prefill=""):
+    """Prompt strings: each question as the user message of the tokenizer's chat template (after the
+    `system` message, if given) with the generation prompt, when the tokenizer has a template and
+    `chat_template` is on; else the question itself. `prefill` is appended either way: the start of the
+    answer, written for the model, which continues it (TinyZero's "Let me solve this step by step.\n<think>")."""
     if chat_template and tokenizer.chat_template:
-        return [tokenizer.apply_chat_template([{"role": "user", "content": q}], tokenize=False,
-                                              add_generation_prompt=True) for q in questions]
-    return list(questions)
+        head = [{"role": "system", "content": system}] if system is not None else []
+        return [tokenizer.apply_chat_template(head + [{"role": "user", "content": q}], tokenize=False,
+                                              add_generation_prompt=True) + prefill for q in questions]
+    return [q + prefill for q in questions]
+
+
+def stop_token_ids(model, tokenizer):
+    """Every token that ends a completion: the tokenizer's EOS and each end token the model's generation_config
+    declares (a list for Qwen2.5-Instruct: <|im_end|> and <|endoftext|>), sorted."""
+    declared = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+    declared = declared if isinstance(declared, (list, tuple)) else [declared]
+    return sorted({int(i) for i in [tokenizer.eos_token_id, *declared] if i is not None})
 
 
 def encode(tokenizer, prompts):
@@ -66,10 +82,11 @@ def encoded_rows(encoded, rows):
     return {name: value[rows, value.shape[1] - width:] for name, value in encoded.items()}
 
 
-def completion_mask(completion_ids, eos_id):
-    is_eos = completion_ids.eq(eos_id)
-    # Number of EOS tokens strictly before each position: 0 means "still inside the completion".
-    before = is_eos.int().cumsum(-1) - is_eos.int()
+def completion_mask(completion_ids, stop_ids):
+    """1 on every token up to and including the first of `stop_ids` (an id or a list of ids), 0 after it."""
+    is_end = torch.isin(completion_ids, torch.tensor(stop_ids, device=completion_ids.device).reshape(-1))
+    # Number of end tokens strictly before each position: 0 means "still inside the completion".
+    before = is_end.int().cumsum(-1) - is_end.int()
     return before.eq(0).long()
 
 
@@ -86,13 +103,13 @@ def generate(model, tokenizer, prompts, max_new_tokens=16, temperature=1.0, top_
     `share_prompts`: a prompt repeated within a micro-batch is run once (shared_prompt_cache); only when
     every row runs under the same weights."""
     device = model_device(model)
-    eos_id = tokenizer.eos_token_id
+    stop_ids = stop_token_ids(model, tokenizer)
     # Every sampling knob is set explicitly: anything left unset is filled from the checkpoint's
     # generation_config.json (top_k=50, repetition penalties, ...), and the rollouts would then not come
     # from the distribution that completion_logprobs scores.
     config = GenerationConfig(
         max_new_tokens=max_new_tokens, do_sample=not greedy, pad_token_id=tokenizer.pad_token_id,
-        eos_token_id=eos_id, repetition_penalty=1.0, no_repeat_ngram_size=0,
+        eos_token_id=stop_ids, repetition_penalty=1.0, no_repeat_ngram_size=0,
         **({} if greedy else {"temperature": temperature, "top_p": top_p, "top_k": 0, "min_p": 0.0, "typical_p": 1.0}))
     parts = []
     devices = [device] if device.type == "cuda" else []
@@ -104,10 +121,11 @@ def generate(model, tokenizer, prompts, max_new_tokens=16, temperature=1.0, top_
                    for name, value in encoded_rows(encoded, slice(start, start + micro_batch)).items()}
             cache = shared_prompt_cache(model, enc["input_ids"], enc["attention_mask"]) if share_prompts else {}
             completions = model.generate(**enc, **cache, generation_config=config)[:, enc["input_ids"].shape[1]:]
-            mask = completion_mask(completions, eos_id)
+            mask = completion_mask(completions, stop_ids)
             texts = tokenizer.batch_decode(completions.masked_fill(mask == 0, tokenizer.pad_token_id),
                                            skip_special_tokens=True)
-            parts.append(Rollouts(enc["input_ids"], enc["attention_mask"], completions, mask, texts))
+            ended = (torch.isin(completions, torch.tensor(stop_ids, device=device)) & mask.bool()).any(-1)
+            parts.append(Rollouts(enc["input_ids"], enc["attention_mask"], completions, mask, texts, ended.cpu()))
     return concat_rollouts(parts, tokenizer.pad_token_id)
 
 
@@ -120,7 +138,7 @@ def concat_rollouts(parts, pad_id):
                     torch.cat([pad_left(r.prompt_mask, width_p, 0) for r in parts]),
                     torch.cat([pad_right(r.completion_ids, width_c, pad_id) for r in parts]),
                     torch.cat([pad_right(r.completion_mask, width_c, 0) for r in parts]),
-                    [t for r in parts for t in r.texts])
+                    [t for r in parts for t in r.texts], torch.cat([r.ended for r in parts]))
 
 
 def pad_left(x, width, value):
@@ -132,8 +150,9 @@ def pad_right(x, width, value):
 
 
 # A pass over completions holds a few [rows, completion, vocabulary] fp32 tensors at once (logits, log-probs,
-# under autograd what backward keeps), so passes take as many rows as keep one of them under this size. A real
-# model's vocabulary is large: Qwen2.5's 151,936 tokens make 256 rows of 512 tokens 80 GB per tensor.
+# under autograd what backward keeps), so every pass (completion_logprobs) takes as many rows as keep one of
+# them under this size. A real model's vocabulary is large: Qwen2.5's 151,936 tokens make 256 rows of 512
+# tokens 80 GB per tensor.
 LOGITS_BYTES = 2**30
 
 
@@ -148,9 +167,12 @@ def completion_logprobs(model, prompt_ids, prompt_mask, completion_ids, completi
     """Log-probability of each completion token under `model` at `temperature`, and optionally the
     full-vocabulary entropy of the next-token distribution at each completion position.
 
-    Gradients flow when called with grad enabled. Rows are processed `chunk` at a time so that the
-    [rows, completion, vocabulary] logits never exist for the whole batch at once.
+    Rows are processed `chunk` at a time, or fewer: as many as logits_rows allows, so that no pass holds
+    more than LOGITS_BYTES of [rows, completion, vocabulary] logits. Gradients flow when called with grad
+    enabled; then every chunk's graph is kept until backward, so a caller that trains on more rows than
+    one chunk cuts them into micro-batches of logits_rows rows itself (GRPO does).
     """
+    chunk = logits_rows(completion_ids.shape[1], getattr(model, "module", model).config.vocab_size, chunk)
     logps, entropies = [], []
     for s in range(0, len(prompt_ids), chunk):
         rows = slice(s, s + chunk)

@@ -14,7 +14,7 @@ GSM8K_FILE = Path(__file__).parent / "data" / "gsm8k_test.jsonl"
 
 
 def outcome(task, completion, problem):
-    return answer_outcome(task.score(completion, problem), completion)
+    return answer_outcome(task.score(completion, problem))
 
 
 @pytest.mark.parametrize("completion, expected", [

@@ -9,6 +9,7 @@ from conftest import run_in_process
 from minies.evaluate import evaluate, solution_metrics
 from minies.make_tiny import varied_references
 from minies.models import SHIPPED_MODEL, SHIPPED_MODELS, load_model, load_tokenizer
+from minies.recipes import RECIPES
 from minies.tasks import Countdown, parse_expression, solutions, solvable
 
 COUNTDOWN_MODEL = SHIPPED_MODELS["countdown"]
@@ -102,8 +103,9 @@ def test_eval_countdown_uses_the_countdown_model(capsys, one_thread):
 @needs_model
 def test_countdown_model_solves_some_held_out_problems(one_thread):
     model, tok = load_model(COUNTDOWN_MODEL, device="cpu"), load_tokenizer(COUNTDOWN_MODEL)
-    assert model.config.minies_defaults["task"] == "countdown"
-    task = Countdown(prompt_style=model.config.minies_defaults["prompt_style"])
+    recipe = RECIPES[model.config.minies_recipe]
+    assert model.config.minies_recipe == "tiny-countdown" and recipe.settings("es")["task"] == "countdown"
+    task = Countdown(prompt_style=recipe.settings("es")["prompt_style"])
     m = evaluate(model, tok, task, task.test_problems()[:40], n=4, ks=(1, 4))
     assert m["pass@4"] > 0 and m["malformed_rate"] < 0.5
     assert m["distinct_correct"] >= 1 and 0 < m["solution_coverage"] <= 1

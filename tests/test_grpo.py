@@ -11,7 +11,7 @@ import torch.multiprocessing as mp
 from conftest import DenseArithmetic, logps
 from minies.grpo import GRPO, GRPOConfig, group_advantages, grpo_loss
 from minies.models import load_model, load_tokenizer
-from minies.rollout import Rollouts, format_prompts, generate
+from minies.rollout import format_prompts, generate
 from minies.tasks import Arithmetic
 
 SMALL = {"prompts": 4, "group_size": 4, "micro_batch": 8}
@@ -35,8 +35,7 @@ def sample(algo, prompts=4, seed=0):
 
 
 def rows(rollouts, index):
-    return Rollouts(rollouts.prompt_ids[index], rollouts.prompt_mask[index], rollouts.completion_ids[index],
-                    rollouts.completion_mask[index], [rollouts.texts[i] for i in index])
+    return rollouts.select(index)
 
 
 def trainable(algo):

@@ -8,13 +8,15 @@ import torch
 
 import train
 from minies.models import load_model, load_tokenizer
+from minies.recipes import RECIPES
 from minies.tasks import Arithmetic
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
+TINY_PARAMS = RECIPES["tiny"].settings("es")["params"]  # what train.py's ES perturbs on the shipped model
 RUNS = {
-    "es-inplace": ("es", {"mode": "inplace", "population": 8, "prompts_per_step": 16}),
-    "es-lowrank": ("es", {"mode": "lowrank", "population": 8, "prompts_per_step": 16}),
+    "es-inplace": ("es", {"mode": "inplace", "population": 8, "prompts_per_step": 16, "params": TINY_PARAMS}),
+    "es-lowrank": ("es", {"mode": "lowrank", "population": 8, "prompts_per_step": 16, "params": TINY_PARAMS}),
     "grpo": ("grpo", {"prompts": 4, "group_size": 4}),
     "grpo-lora": ("grpo", {"prompts": 4, "group_size": 4, "lora_rank": 4}),
     "b3po": ("b3po", {"prompts": 4, "group_size": 4}),

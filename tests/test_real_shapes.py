@@ -152,3 +152,32 @@ def test_writing_a_perturbed_tensor_holds_what_the_memory_table_counts(masters, 
     with torch.no_grad(), PeakBytes() as peak:
         t.perturbed(seed=1, sign=1.0, sigma=0.01)
     assert peak.peak == expected * layer.weight.numel() and peak.live == 0
+
+
+def test_generation_stops_at_every_end_token_the_model_declares(qwen_dir, one_thread):
+    """Qwen2.5-Instruct's generation_config lists two end tokens, <|im_end|> and <|endoftext|>: a completion
+    ends at either, and its mask, truncation flag and text treat them alike."""
+    from minies.rollout import stop_token_ids
+
+    model, tok = load_model(qwen_dir, device="cpu"), load_tokenizer(qwen_dir)
+    end_of_text = tok.convert_tokens_to_ids("<|endoftext|>")
+    prompts = [tok.apply_chat_template([{"role": "user", "content": q}], tokenize=False, add_generation_prompt=True)
+               for q in ("1 2 3", "using 10, 20 and 35, make 45")]
+    plain = generate(model, tok, prompts, max_new_tokens=8, greedy=True)
+    # Make <|endoftext|> win wherever the token the model first emits would: its (tied) embedding row becomes
+    # a longer copy of that token's, so its logit is larger wherever that one's is positive.
+    first = plain.completion_ids[0, 0].item()
+    with torch.no_grad():
+        model.get_input_embeddings().weight[end_of_text] = 2 * model.get_input_embeddings().weight[first]
+    assert stop_token_ids(model, tok) == [tok.eos_token_id]
+    runs_on = generate(model, tok, prompts, max_new_tokens=8, greedy=True)
+    assert runs_on.completion_ids[0, 0] == end_of_text and runs_on.completion_mask[0].all()  # not an end token
+    model.generation_config.eos_token_id = [tok.eos_token_id, end_of_text]
+    assert stop_token_ids(model, tok) == sorted([tok.eos_token_id, end_of_text])
+    r = generate(model, tok, prompts, max_new_tokens=8, greedy=True)
+    assert r.completion_ids[0, 0] == end_of_text
+    assert r.completion_mask[0].tolist() == [1] + [0] * (r.completion_ids.shape[1] - 1)
+    assert not r.truncated[0] and r.lengths[0] == 1 and r.texts[0] == ""
+    for row in range(len(prompts)):  # every row: ended exactly when one of the two end tokens is in its mask
+        ends = torch.isin(r.completion_ids[row], torch.tensor([tok.eos_token_id, end_of_text]))
+        assert bool((ends & r.completion_mask[row].bool()).any()) == (not r.truncated[row])

@@ -1,21 +1,21 @@
-"""Named recipes (--recipe) and per-model defaults (minies_defaults in config.json): what a run resolves,
-what explicit flags override, and what config.json records."""
+"""Named recipes (--recipe), and the recipe a model names for itself (minies_recipe in its config.json):
+what a run resolves, what explicit flags override, what train.py prints and config.json records."""
 import json
 import shutil
 
 import pytest
 
 import train
-from conftest import run_in_process
+from conftest import REPO, run_in_process
 from minies import UserError
 from minies.es import ES, ESConfig
-from minies.models import MODEL_DEFAULTS, load_config, load_model, load_tokenizer, model_defaults, prompt_style_for
-from minies.recipes import RECIPES
+from minies.models import load_config, load_model, load_tokenizer, prompt_style_for
+from minies.recipes import RECIPES, table
 from minies.tasks import Arithmetic
 
 
 def parse(*argv):
-    cfg, algo_cfg, _ = train.parse_args(list(argv))
+    cfg, algo_cfg, _, _ = train.parse_args(list(argv))
     return cfg, algo_cfg
 
 
@@ -24,6 +24,9 @@ def test_qiu2025_sets_the_papers_es():
     assert cfg.algo == "es" and cfg.recipe == "qiu2025" and cfg.steps == 500
     assert (es.population, es.sigma, es.alpha, es.normalize, es.antithetic, es.params, es.greedy, es.mode) == (
         30, 1e-3, 5e-4, "zscore", False, ".*", True, "inplace")
+    # Their data regime, prompt and reward: a fixed set of 200 problems, all scored every iteration.
+    assert (cfg.task, cfg.prompt_style, cfg.reward, cfg.train_problems, es.prompts_per_step, cfg.max_new_tokens) == (
+        "countdown", "qiu", "qiu", 200, 200, 1024)
 
 
 def test_explicit_flags_win_over_a_recipe():
@@ -43,7 +46,18 @@ def test_3po_recipe_sets_ivon_for_every_variant(algo):
 
 def test_deepseekmath_recipe():
     cfg, g = parse("--recipe", "deepseekmath")
-    assert cfg.algo == "grpo" and (g.lr, g.beta, g.group_size) == (1e-6, 0.04, 64)
+    assert cfg.algo == "grpo" and (g.lr, g.beta, g.group_size, g.prompts) == (1e-6, 0.04, 64, 16)
+    assert (cfg.task, cfg.max_new_tokens, g.temperature, cfg.steps) == ("gsm8k", 1024, 1.0, 467)
+
+
+@pytest.mark.parametrize("name", ["qiu2025", "3po", "deepseekmath"])
+def test_the_papers_recipes_are_complete_and_cite_their_sources(name):
+    """Steps, generation length and the task of every paper's recipe are its own, not the tiny model's; each value
+    names where it comes from, and docs/papers.md prints them all."""
+    recipe = RECIPES[name]
+    assert {"steps", "max_new_tokens", "task", "prompt_style"} <= set(recipe.values)
+    assert all(source.strip() for _, source in recipe.values.values())
+    assert table(name) in (REPO / "docs" / "papers.md").read_text()
 
 
 def test_every_recipe_names_only_existing_flags():
@@ -51,9 +65,10 @@ def test_every_recipe_names_only_existing_flags():
         for algo in recipe.algos:
             cfg, algo_cfg = parse("--recipe", name, "--algo", algo)
             fields = {**vars(cfg), **vars(algo_cfg)}
-            assert all(fields[k] == v for k, v in recipe.values.items() if k in fields), (name, algo)
-        known = set().union(*(vars(parse("--recipe", name, "--algo", a)[1]) for a in recipe.algos)) | set(vars(cfg))
-        assert set(recipe.values) <= known, set(recipe.values) - known
+            assert all(fields[k] == v for k, v in recipe.settings(algo).items() if k in fields), (name, algo)
+            known = set(vars(algo_cfg)) | set(vars(cfg))
+            assert set(recipe.settings(algo)) <= known | set().union(*(
+                vars(parse("--recipe", name, "--algo", a)[1]) for a in recipe.algos)), (name, algo)
 
 
 @pytest.mark.parametrize("argv,mention", [(["--recipe", "qiu2025", "--algo", "grpo"], "--recipe qiu2025"),
@@ -71,64 +86,77 @@ def test_help_lists_the_recipes(capsys):
 
 @pytest.fixture(scope="module")
 def plain_model_dir(tmp_path_factory, model_dir):
-    """The test model with no minies_defaults in its config.json: what any hub model looks like."""
+    """The test model with no minies_recipe in its config.json: what any hub model looks like."""
     out = tmp_path_factory.mktemp("plain") / "model"
     shutil.copytree(model_dir, out)
     config = json.loads((out / "config.json").read_text())
-    config.pop("minies_defaults", None)
+    config.pop("minies_recipe", None)
     (out / "config.json").write_text(json.dumps(config))
     return str(out)
 
 
-def test_model_defaults(model_dir, plain_model_dir):
-    shipped = model_defaults(load_config(model_dir))
-    assert shipped["prompt_style"] == "terse" and shipped["es_params"] == r"embed_tokens|layers\.0\."
-    # ES on the shipped model runs in place, as its results were measured; other models get --mode auto
-    assert shipped["algorithms"] == {"es": {"mode": "inplace"}}
-    assert parse("--model", model_dir)[1].mode == "inplace" and parse("--model", plain_model_dir)[1].mode == "auto"
+def test_the_shipped_models_name_their_recipes(model_dir, plain_model_dir):
+    assert load_config(model_dir).minies_recipe == "tiny"
+    tiny = RECIPES["tiny"].settings("es")
+    cfg, es = parse("--model", model_dir)
+    # ES on the shipped model runs in place on its embeddings and first block, as its results were measured;
+    # other models get --mode auto on every weight.
+    assert (cfg.prompt_style, es.mode, es.params) == ("terse", "inplace", tiny["params"])
+    cfg, es = parse("--model", plain_model_dir)
+    assert (cfg.prompt_style, es.mode, es.params) == ("auto", "auto", ".*")
     assert parse("--model", model_dir, "--mode", "auto")[1].mode == "auto"
-    assert model_defaults(load_config(plain_model_dir)) == MODEL_DEFAULTS == {
-        "prompt_style": "instruct", "es_params": ".*", "algorithms": {}}
     assert prompt_style_for("auto", load_config(plain_model_dir)) == "instruct"
+    assert prompt_style_for("auto", load_config(model_dir)) == "terse"
     assert prompt_style_for("terse", load_config(plain_model_dir)) == "terse"
 
 
-def test_es_perturbs_all_weights_of_a_model_without_defaults(model_dir, plain_model_dir):
-    def perturbed(path, params=None):
-        es = ES(load_model(path, device="cpu"), load_tokenizer(path), Arithmetic(test_size=5),
-                ESConfig(population=2, prompts_per_step=2, params=params, mode="inplace"))
-        return es.cfg.params, {t.name for t in es.tensors}
+def test_es_alone_perturbs_every_weight(model_dir):
+    """The library's ES perturbs what --params names, every weight by default; the shipped model's narrower
+    choice is its recipe's, applied by train.py."""
+    def perturbed(**options):
+        es = ES(load_model(model_dir, device="cpu"), load_tokenizer(model_dir), Arithmetic(test_size=5),
+                ESConfig(population=2, prompts_per_step=2, mode="inplace", **options))
+        return {t.name for t in es.tensors}
 
-    params, names = perturbed(plain_model_dir)
-    assert params == ".*" and len(names) == len(dict(load_model(plain_model_dir, device="cpu").named_parameters()))
-    params, names = perturbed(model_dir)
-    assert params == r"embed_tokens|layers\.0\." and all("embed_tokens" in n or "layers.0." in n for n in names)
-    assert perturbed(model_dir, "lm_head|norm")[0] == "lm_head|norm"
+    assert len(perturbed()) == len(dict(load_model(model_dir, device="cpu").named_parameters()))
+    narrow = perturbed(params=RECIPES["tiny"].settings("es")["params"])
+    assert narrow and all("embed_tokens" in n or "layers.0." in n for n in narrow)
 
 
 def test_config_json_records_resolved_values(tmp_path, model_dir, capsys):
-    code, message = run_in_process("train.py", "--model", model_dir, "--recipe", "qiu2025", "--steps", 1,
-                                   "--population", 2, "--prompts-per-step", 2, "--eval-problems", 2,
-                                   "--final-samples", 1, "--eval-every", 0, "--out", tmp_path)
-    assert code == 0, capsys.readouterr().err + message
+    code, message = run_in_process("train.py", "--model", model_dir, "--recipe", "qiu2025", "--task", "arithmetic",
+                                   "--prompt-style", "terse", "--reward", "minies", "--max-new-tokens", 10,
+                                   "--train-problems", 4, "--steps", 1, "--population", 2, "--prompts-per-step", 2,
+                                   "--eval-problems", 2, "--final-samples", 1, "--eval-every", 0, "--out", tmp_path)
+    captured = capsys.readouterr()
+    assert code == 0, captured.err + message
+    # The recipes applied, weakest first, each with the values the run resolved (the command line's win).
+    assert captured.out.startswith("recipe tiny: --prompt-style terse, --params .*, --mode inplace\n"
+                                   "recipe qiu2025: --task arithmetic, --prompt-style terse, --reward minies")
     config = json.loads((tmp_path / "es-arithmetic-seed0" / "config.json").read_text())
-    assert config["train"]["recipe"] == "qiu2025" and config["train"]["prompt_style"] == "terse"
+    assert config["recipes"] == ["tiny", "qiu2025"] and config["train"]["recipe"] == "qiu2025"
+    assert (config["train"]["prompt_style"], config["train"]["reward"], config["train"]["train_problems"]) == (
+        "terse", "minies", 4)
     assert config["train"]["max_new_tokens"] == 10 and config["train"]["steps"] == 1
     assert (config["es"]["sigma"], config["es"]["alpha"], config["es"]["population"], config["es"]["params"]) == (
         1e-3, 5e-4, 2, ".*")
 
 
-def test_a_model_names_its_tuned_settings_per_algorithm(tmp_path, model_dir):
-    """minies_defaults.algorithms in config.json sets train.py's defaults for that algorithm alone (steps
-    included); a recipe and explicit flags still win, and --help shows the model's values."""
+def test_a_model_names_its_recipe(tmp_path, model_dir):
+    """A model's recipe sets train.py's defaults, per algorithm where it says so (steps included); --recipe and
+    explicit flags still win; a name minies does not know is one line."""
     out = tmp_path / "model"
     shutil.copytree(model_dir, out)
     config = json.loads((out / "config.json").read_text())
-    config["minies_defaults"]["algorithms"] = {"grpo": {"lr": 0.5, "steps": 7, "group_size": 4}}
+    config["minies_recipe"] = "tiny-countdown"
     (out / "config.json").write_text(json.dumps(config))
-    cfg, grpo = parse("--model", str(out), "--algo", "grpo")
-    assert (grpo.lr, cfg.steps, grpo.group_size) == (0.5, 7, 4)
-    assert parse("--model", str(out), "--algo", "grpo", "--lr", "0.1")[1].lr == 0.1
-    assert parse("--model", str(out), "--recipe", "deepseekmath")[1].lr == 1e-6
-    assert parse("--model", str(out), "--algo", "es")[0].steps is None  # not ES's: the algorithm's own
-    assert parse("--model", str(model_dir), "--algo", "grpo")[1].lr == 1e-4
+    assert parse("--model", str(out), "--algo", "c3po")[0].steps == 200
+    assert parse("--model", str(out), "--algo", "c3po", "--steps", "3")[0].steps == 3
+    cfg, es = parse("--model", str(out))
+    assert (cfg.task, es.alpha, es.prompts_per_step, cfg.steps) == ("countdown", 0.03, 64, 50)
+    assert parse("--model", str(out), "--recipe", "qiu2025")[1].alpha == 5e-4
+    assert parse("--model", str(out), "--algo", "grpo")[0].steps is None  # none named: the algorithm's own
+    config["minies_recipe"] = "bogus"
+    (out / "config.json").write_text(json.dumps(config))
+    with pytest.raises(UserError, match="minies_recipe 'bogus'"):
+        parse("--model", str(out))

@@ -77,14 +77,14 @@ def test_generate_masks_and_left_padding(model, tokenizer, eos_pad_tokenizer, pr
         ids, mask = r.completion_ids[row], r.completion_mask[row]
         hits = (ids == eos).nonzero().flatten().tolist()
         if not hits:  # truncated: every generated token counts
-            assert mask.all() and r.truncated(eos)[row]
+            assert mask.all() and r.truncated[row]
             continue
         first = hits[0]
         # The EOS token is inside the mask (the model must learn to emit it); what follows is not.
         assert mask[:first + 1].all() and mask[first] == 1
         assert not mask[first + 1:].any()
         assert (ids[first + 1:] == tok.pad_token_id).all()
-        assert not r.truncated(eos)[row]
+        assert not r.truncated[row]
         assert r.lengths[row] == first + 1
         ended_early += first + 1 < len(ids)
         assert r.texts[row] == tok.decode(ids[:first], skip_special_tokens=True)

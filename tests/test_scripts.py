@@ -82,3 +82,22 @@ def test_eval_help(capsys):
     code, _ = run_in_process("eval.py", "--help")
     out = capsys.readouterr().out
     assert code == 0 and "--problems" in out and "default:" in out
+
+
+def test_eval_scores_every_row_of_eval_data(tmp_path, model_dir, capsys):
+    """--eval-data is evaluated whole: more than the 500 problems the single-file split held out."""
+    rows = tmp_path / "test.jsonl"
+    rows.write_text("".join(json.dumps({"question": f"{i}+1", "answer": f"#### {i + 1}"}) + "\n" for i in range(600)))
+    out = tmp_path / "m.json"
+    code, message = run_in_process("eval.py", "--model", model_dir, "--task", "gsm8k", "--eval-data", rows,
+                                   "--max-new-tokens", 1, "--n", 1, "--k", 1, "--micro-batch", 1024, "--out", out)
+    assert code == 0, capsys.readouterr().err + message
+    assert json.loads(out.read_text())["problems"] == 600
+
+
+def test_gsm8k_trains_only_from_data(tmp_path, model_dir, capsys):
+    from conftest import REPO, assert_one_line_error
+
+    code, message = run_in_process("train.py", "--model", model_dir, "--task", "gsm8k", "--eval-data",
+                                   REPO / "tests" / "data" / "gsm8k_test.jsonl", "--out", tmp_path)
+    assert_one_line_error("gsm8k without --data", code, capsys.readouterr().err + message, r"error: --task gsm8k")

@@ -312,3 +312,58 @@ def test_gsm8k_small_file(tmp_path):
     path.write_text(GOOD + "\n")
     with pytest.raises(UserError, match="at least 2"):
         GSM8K(data=path)
+
+
+# ---- data regimes: --eval-data, --train-problems, the single-file fallback ----
+
+def test_eval_data_is_the_whole_test_split_and_training_never_sees_it(tmp_path):
+    rows = GSM8K_FILE.read_text().splitlines()
+    train_file = tmp_path / "train.jsonl"
+    train_file.write_text("\n".join(rows[:700]) + "\n")  # 700 rows, all of them also in the test file
+    extra = [json.dumps({"question": f"What is {i} + 1?", "answer": f"#### {i + 1}"}) for i in range(30)]
+    train_file.write_text("\n".join(rows[:700] + extra) + "\n")
+    task = GSM8K(data=train_file, eval_data=GSM8K_FILE)
+    assert [p.question for p in task.test_problems()] == [json.loads(r)["question"] for r in rows]  # all 1,319
+    assert task.overlap == 700 and task.split_note is None
+    assert {p.question for p in task.train_problems(60, seed=0)} == {json.loads(r)["question"] for r in extra}
+    alone = GSM8K(data=GSM8K_FILE)  # the fallback: one file split in two, and a note saying so
+    assert len(alone.test_problems()) == 500 and "no --eval-data" in alone.split_note
+    with pytest.raises(UserError, match="every problem is also in --eval-data"):
+        GSM8K(data=GSM8K_FILE, eval_data=GSM8K_FILE)
+
+
+def test_gsm8k_evaluates_without_training_data_but_cannot_train():
+    task = GSM8K(eval_data=GSM8K_FILE)
+    assert len(task.test_problems()) == 1319
+    with pytest.raises(UserError, match="--data FILE to train on"):
+        task.train_problems(1, seed=0)
+
+
+def test_train_problems_is_a_fixed_set():
+    task = Countdown(train_problems=6, prompt_style="instruct")
+    first = task.train_problems(6, seed=0)
+    assert len(set(first)) == 6 and set(task.train_problems(6, seed=1)) == set(first)
+    assert sorted(p.question for p in task.train_problems(12, seed=2)) == sorted(2 * [p.question for p in first])
+    assert not {p.question for p in first} & {p.question for p in task.test_problems()}
+
+
+def test_train_problems_takes_the_first_rows_of_a_file(tmp_path):
+    rows = [json.dumps({"numbers": [i, 1, 2], "target": i + 3}) for i in range(1, 11)]
+    path = tmp_path / "cd.jsonl"
+    path.write_text("\n".join(rows) + "\n")
+    task = Countdown(data=path, train_problems=4)
+    assert sorted(p.numbers[0] for p in task.train_problems(4, seed=0)) == [1, 2, 3, 4]
+    assert [p.numbers[0] for p in task.test_problems()] == list(range(5, 11))  # the rest, in the file's order
+    with pytest.raises(UserError, match="--train-problems 10: .* has 10 problems"):
+        Countdown(data=path, train_problems=10)
+
+
+@pytest.mark.parametrize("completion,answer", [
+    ("so \\boxed{18 \\text{ dollars}}.", "18"),
+    ("\\boxed{\\$1,450} and then \\boxed{2", "1,450"),  # an unclosed box at the end: the last complete one
+    ("\\boxed{a \\boxed{7}}", "7"),
+])
+def test_gsm8k_boxed_braces_nest(completion, answer):
+    task = GSM8K(eval_data=GSM8K_FILE, test_size=1)
+    s = task.score(completion, Problem("q", answer.replace(",", "")))
+    assert s.correct and s.answer == answer

@@ -1,28 +1,35 @@
-"""Tasks with verifiable rewards: prompts in two styles, ground truth, a seeded train/test split, a verifier.
+"""Tasks with verifiable rewards: prompts in several styles, ground truth, train and test splits, a verifier.
 
-One file per task (arithmetic, countdown, gsm8k); base.py holds what they share.
+One file per task (arithmetic, countdown, gsm8k); base.py holds what they share, expressions.py Countdown's
+arithmetic.
 """
 from minies import UserError
 from minies.tasks.arithmetic import Arithmetic
-from minies.tasks.base import (ANSWER_TAG, FORMAT_BONUS, PROMPT_STYLES, Problem, Score, SolvedProblem, Task,
-                               last_answer_tag, make_score)
-from minies.tasks.countdown import (Countdown, CountdownProblem, parse_expression, random_expression, solutions,
-                                   solvable)
-from minies.tasks.gsm8k import BOXED, GSM8K, GSM8K_NUMBER
+from minies.tasks.base import (ANSWER_TAG, FORMAT_BONUS, PROMPT_STYLES, REWARDS, Problem, PromptStyle, Score,
+                               SolvedProblem, Task, answer_tags, last_answer_tag, make_score)
+from minies.tasks.countdown import Countdown, CountdownProblem, qiu_rows
+from minies.tasks.expressions import parse_expression, python_value, random_expression, reaches, solutions, solvable
+from minies.tasks.gsm8k import GSM8K, GSM8K_NUMBER, last_boxed
 
 TASKS = {"arithmetic": Arithmetic, "countdown": Countdown, "gsm8k": GSM8K}
 DEFAULT_TASK = "arithmetic"
+ALL_PROMPT_STYLES = sorted({style for task in TASKS.values() for style in task.prompt_styles})
 
-__all__ = ["ANSWER_TAG", "BOXED", "DEFAULT_TASK", "FORMAT_BONUS", "GSM8K", "GSM8K_NUMBER", "PROMPT_STYLES", "TASKS",
-           "Arithmetic", "Countdown", "CountdownProblem", "Problem", "Score", "SolvedProblem", "Task", "get_task",
-           "last_answer_tag", "make_score", "parse_expression", "random_expression", "solutions", "solvable"]
+__all__ = ["ALL_PROMPT_STYLES", "ANSWER_TAG", "DEFAULT_TASK", "FORMAT_BONUS", "GSM8K", "GSM8K_NUMBER",
+           "PROMPT_STYLES", "REWARDS", "TASKS", "Arithmetic", "Countdown", "CountdownProblem", "Problem",
+           "PromptStyle", "Score", "SolvedProblem", "Task", "answer_tags", "get_task", "last_answer_tag",
+           "last_boxed", "make_score", "parse_expression", "python_value", "qiu_rows", "random_expression",
+           "reaches", "solutions", "solvable"]
 
 
-def get_task(name=DEFAULT_TASK, seed=0, data=None, prompt_style="terse", max_new_tokens=None, lenient_answers=False):
-    """The task called `name`. `data`: a local data file (gsm8k needs one; countdown may read one);
-    `prompt_style`: "terse" or "instruct"; `max_new_tokens`: None for the task's default for that style;
-    `lenient_answers`: gsm8k's fallback to the last number anywhere (evaluation only)."""
+def get_task(name=DEFAULT_TASK, seed=0, data=None, prompt_style="terse", max_new_tokens=None, lenient_answers=False,
+             eval_data=None, train_problems=None, reward="auto"):
+    """The task called `name`. `data`: a local data file to train on (gsm8k needs one to train; countdown may
+    read one); `eval_data`: a local data file to evaluate on; `train_problems`: a fixed training set of that
+    many problems; `prompt_style` and `reward`: see minies/tasks/base.py; `max_new_tokens`: None for the task's
+    default for that style; `lenient_answers`: gsm8k's fallback to the last number anywhere (evaluation only)."""
     if name not in TASKS:
         raise UserError(f"--task {name}: unknown task; choose one of {', '.join(sorted(TASKS))}")
     kwargs = {"lenient": lenient_answers} if name == "gsm8k" else {}
-    return TASKS[name](seed=seed, data=data, prompt_style=prompt_style, max_new_tokens=max_new_tokens, **kwargs)
+    return TASKS[name](seed=seed, data=data, prompt_style=prompt_style, max_new_tokens=max_new_tokens,
+                       eval_data=eval_data, train_problems=train_problems, reward=reward, **kwargs)

@@ -31,4 +31,4 @@ class Arithmetic(Task):
         text = last_answer_tag(completion)
         if text is None or not ANSWER.fullmatch(text):
             return make_score(False, True)
-        return make_score(int(text) == int(problem.answer), False)
+        return make_score(int(text) == int(problem.answer), False, answer=text)

@@ -1,17 +1,28 @@
-"""What every task shares: problems, scores, the answer tag, prompt styles, and a seeded train/test split
-of problems that are either generated from a seed or read from a local data file.
+"""What every task shares: problems, scores, the answer tag, prompt styles, reward schemes, and the split
+of problems into a training set and a held-out test set, generated from a seed or read from data files.
 
 The verifier only ever sees the completion (never the prompt), so examples inside the prompt cannot earn
 reward (docs/papers.md, the pitfalls of ES at scale).
 
-Reward = 1.0 * correct + FORMAT_BONUS * well_formed, where well_formed means an answer could be extracted
-from the completion (it is not `malformed`). The bonus is small so that being right always dominates, but
-it gives a learning signal to a model that has not yet found the format.
+Reward (the `minies` scheme, every task's default) = 1.0 * correct + FORMAT_BONUS * well_formed, where
+well_formed means an answer could be extracted from the completion (it is not `malformed`). The bonus is
+small so that being right always dominates, but it gives a learning signal to a model that has not yet
+found the format. Countdown also offers the public papers' schemes (minies/tasks/countdown.py).
 
-Prompt styles. The same problem can be asked in two ways: `terse`, the short question the shipped tiny
+Prompt styles. The same problem can be asked in several ways: `terse`, the short question the shipped tiny
 models were trained on ("12+93"), and `instruct`, a full instruction for an instruction-tuned model, saying
 what to compute and in which format to answer. An instruction-tuned model asked the terse way answers in
-prose, never inside the answer tag, so every completion scores 0 and no method can learn.
+prose, never inside the answer tag, so every completion scores 0 and no method can learn. Countdown adds
+the papers' own prompts. A style's PromptStyle says how its question becomes the model's prompt.
+
+Splits. Generated tasks draw the test split first from the seed; training problems are drawn from any
+other seed and never include a test problem. With data files (`data` to train on, `eval_data` to evaluate
+on) every row of `eval_data` is a test problem and the rows of `data` that are not train. With `data`
+alone, `train_problems=N` takes its first N rows to train on and the rest to test on, in the file's order
+(Qiu et al.'s regime: the first 200 rows, then the last 2,000); without it, a fallback shuffles the file
+with the seed and holds out `test_size` rows (at most half), which `split_note` reports. A fixed
+training set (`train_problems=N`) is the same N problems every step; otherwise training draws shuffled
+passes over the training rows, or fresh generated problems.
 """
 import json
 import random
@@ -22,12 +33,29 @@ from minies import UserError
 
 FORMAT_BONUS = 0.1
 ANSWER_TAG = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
-PROMPT_STYLES = ("terse", "instruct")
+REWARDS = ("minies", "qiu", "tinyzero")
+
+
+@dataclass(frozen=True)
+class PromptStyle:
+    """How a question becomes the model's prompt (rollout.format_prompts): with `chat`, the user message of
+    the tokenizer's chat template (when it has one and --chat-template is on), after the `system` message
+    if one is given, written through the `user` format; else through `plain`. `prefill`, the start of the
+    answer written for the model, follows either way. `reward`: the scheme that goes with it (--reward auto)."""
+    chat: bool = True
+    system: str = None
+    user: str = "{}"
+    plain: str = "{}"
+    prefill: str = ""
+    reward: str = "minies"
+
+
+PROMPT_STYLES = {"terse": PromptStyle(), "instruct": PromptStyle()}
 
 
 @dataclass(frozen=True)
 class Problem:
-    question: str  # the user message; the chat template turns it into the model's prompt
+    question: str  # what the prompt style writes into the prompt (Task.prompts)
     answer: str  # ground truth, as text
 
 
@@ -43,82 +71,116 @@ class SolvedProblem(Problem):
 class Score:
     reward: float
     correct: bool
-    malformed: bool
+    malformed: bool  # no answer could be read from the completion
     # Which correct solution this is, for tasks with several (Countdown: the expression's canonical form);
     # None where every correct answer is the same solution.
     solution: str = None
+    format: float = 0.0  # the reward scheme's credit for the answer format, in [0, 1]
+    answer: str = None  # the answer read from the completion (None when malformed)
 
 
-def last_answer_tag(completion):
-    """The text inside the last <answer>...</answer> of a completion, or None."""
+def answer_tags(completion):
+    """The texts inside every <answer>...</answer> of a completion, as written (not stripped)."""
     # No match can end after the last closing tag. Cutting that tail off keeps the lazy regex linear on
     # hostile input: thousands of unclosed "<answer>" would each scan to the end (quadratic time).
     end = completion.rfind("</answer>")
-    found = ANSWER_TAG.findall(completion[:end + len("</answer>")]) if end >= 0 else []
+    return ANSWER_TAG.findall(completion[:end + len("</answer>")]) if end >= 0 else []
+
+
+def last_answer_tag(completion):
+    """The text inside the last <answer>...</answer> of a completion, stripped, or None."""
+    found = answer_tags(completion)
     return found[-1].strip() if found else None
 
 
-def make_score(correct, malformed, solution=None):
+def make_score(correct, malformed, solution=None, answer=None):
+    """The `minies` scheme's Score: 1 for a correct answer, FORMAT_BONUS for any answer that could be read."""
     return Score(reward=float(correct) + FORMAT_BONUS * (not malformed), correct=correct, malformed=malformed,
-                 solution=solution if correct else None)
+                 solution=solution if correct else None, format=float(not malformed),
+                 answer=None if malformed else answer)
 
 
 class Task:
     """Base class. Subclasses define `problem(rng)` (generated tasks) or `parse_row(row)` (tasks that read
-    a data file), `score(completion, problem)` and `solution(problem)`.
-
-    Generated: the test split is drawn first from `seed`; training problems are drawn from any other seed
-    and never include a test problem. From a file (`data`): the problems are shuffled with `seed`, the
-    first `test_size` (at most half the file) are the test split and training draws shuffled passes over
-    the rest. Either way the two splits never overlap.
-    """
+    a data file), `score(completion, problem)` and `solution(problem)`; the module docstring describes the
+    splits."""
 
     name = "task"
     reads_data = False  # whether --data FILE can be given
     needs_data = False  # whether it must be
+    prompt_styles = PROMPT_STYLES
+    rewards = ("minies",)  # the reward schemes it offers
     # Generation length per prompt style: enough for the answer format, or for reasoning before it.
     # Generation stops early at EOS; a completion cut off here usually has no answer and scores 0.
     default_max_new_tokens = {"terse": 32, "instruct": 512}
 
-    def __init__(self, seed=0, test_size=500, prompt_style="terse", max_new_tokens=None, data=None):
-        if prompt_style not in PROMPT_STYLES:
-            raise UserError(f"--prompt-style {prompt_style}: choose one of {', '.join(PROMPT_STYLES)}")
-        self.prompt_style = prompt_style
+    def __init__(self, seed=0, test_size=500, prompt_style="terse", max_new_tokens=None, data=None, eval_data=None,
+                 train_problems=None, reward="auto"):
+        if prompt_style not in self.prompt_styles:
+            raise UserError(f"--prompt-style {prompt_style}: --task {self.name} offers "
+                            f"{', '.join(self.prompt_styles)}")
+        self.prompt_style, self.style = prompt_style, self.prompt_styles[prompt_style]
+        self.reward = self.style.reward if reward == "auto" else reward
+        if self.reward not in self.rewards:
+            raise UserError(f"--reward {self.reward}: --task {self.name} offers {', '.join(self.rewards)}")
         self.max_new_tokens = max_new_tokens or self.default_max_new_tokens[prompt_style]
-        if data is not None and not self.reads_data:
-            raise UserError(f"--data {data}: --task {self.name} generates its own problems and reads no data "
-                            "file; drop --data")
-        if data is None and self.needs_data:
+        for flag, path in (("--data", data), ("--eval-data", eval_data)):
+            if path is not None and not self.reads_data:
+                raise UserError(f"{flag} {path}: --task {self.name} generates its own problems and reads no data "
+                                f"file; drop {flag}")
+        if data is None and eval_data is None and self.needs_data:
             raise UserError(self.data_help)
-        self._train = None
-        if data is None:
-            self._draw_test_split(seed, test_size)
+        self.split_note = None  # set when a single file is split in two by the fallback
+        rows = read_problems(data, self.parse_row, "--data") if data is not None else None
+        if eval_data is not None:
+            self._test = read_problems(eval_data, self.parse_row, "--eval-data", least=1)
+        elif rows is not None and train_problems is not None:
+            if len(rows) <= train_problems:
+                raise UserError(f"--train-problems {train_problems}: {data} has {len(rows)} problems, which leaves "
+                                "none to evaluate on; pass --eval-data FILE or lower --train-problems")
+            rows, self._test = rows[:train_problems], rows[train_problems:]
+        elif rows is not None:
+            random.Random(f"{self.name}-split-{seed}").shuffle(rows)
+            n_test = min(test_size, len(rows) // 2)
+            self._test, rows = rows[:n_test], rows[n_test:]
+            self.split_note = (f"no --eval-data: holding out {n_test} of the {n_test + len(rows)} problems of "
+                               f"{data} (shuffled with --seed) to evaluate on")
         else:
-            problems = read_problems(data, self.parse_row)
-            random.Random(f"{self.name}-split-{seed}").shuffle(problems)
-            n_test = min(test_size, len(problems) // 2)
-            self._test, self._train = problems[:n_test], problems[n_test:]
-            self._test_questions = {p.question for p in self._test}
+            self._test = self._draw(random.Random(f"{self.name}-test-{seed}"), test_size, set())
+        self._test_questions = {p.question for p in self._test}
+        self.overlap = 0  # training rows dropped because the test split holds the same question
+        if rows is not None:
+            kept = [p for p in rows if p.question not in self._test_questions]
+            self.overlap, rows = len(rows) - len(kept), kept
+            if not rows:
+                raise UserError(f"--data {data}: every problem is also in --eval-data {eval_data}; nothing to train on")
+        if train_problems is not None and rows is None:
+            rows = self._draw(random.Random(f"{self.name}-train-fixed-{seed}"), train_problems, self._test_questions)
+        self._train = rows[:train_problems] if rows is not None and train_problems is not None else rows
+        self.fixed_training_set = train_problems is not None
 
-    def _draw_test_split(self, seed, test_size):
-        rng = random.Random(f"{self.name}-test-{seed}")
-        test, seen = [], set()
+    def _draw(self, rng, count, excluded):
+        """`count` distinct generated problems, none of whose questions is in `excluded`."""
+        drawn, seen = [], set(excluded)
         # A bounded number of tries keeps a task with few distinct problems from looping forever.
-        for _ in range(100 * test_size):
-            if len(test) == test_size:
+        for _ in range(100 * count):
+            if len(drawn) == count:
                 break
             p = self.problem(rng)
             if p.question not in seen:
                 seen.add(p.question)
-                test.append(p)
-        self._test, self._test_questions = test, seen
+                drawn.append(p)
+        return drawn
 
     def test_problems(self):
         return list(self._test)
 
     def train_problems(self, count, seed):
-        """`count` training problems drawn from `seed`, none of them in the test split. From a file:
-        shuffled passes over its train part, so repeats come only after every problem was drawn once."""
+        """`count` training problems drawn from `seed`, none of them in the test split. From a list of training
+        problems (a data file, or a fixed set): shuffled passes over it, so repeats come only after every
+        problem was drawn once; a fixed set of `count` problems is therefore the whole set every step."""
+        if self._train is None and self.needs_data:
+            raise UserError(self.data_help)
         rng = random.Random(f"{self.name}-train-{seed}")
         out = []
         while len(out) < count:
@@ -129,6 +191,15 @@ class Task:
             if p.question not in self._test_questions:
                 out.append(p)
         return out[:count]
+
+    def prompts(self, tokenizer, problems, chat_template=True):
+        """The model's prompt strings for `problems`, in this task's prompt style (PromptStyle)."""
+        from minies.rollout import format_prompts  # the engine's formatting; tasks stay importable alone
+
+        style = self.style
+        chat = style.chat and chat_template and bool(tokenizer.chat_template)
+        questions = [(style.user if chat else style.plain).format(p.question) for p in problems]
+        return format_prompts(tokenizer, questions, chat, style.system if chat else None, style.prefill)
 
     def problem(self, rng):
         raise NotImplementedError
@@ -149,16 +220,16 @@ class Task:
         return 1
 
 
-def read_problems(path, parse_row):
-    """Problems from a local data file: JSON Lines (one JSON value per line) or one JSON list. A row that
-    `parse_row` rejects ends with one line naming the file, the line (or list row) and what is wrong.
-    Repeated questions are kept once, so that none can land in both splits."""
+def read_problems(path, parse_row, flag="--data", least=2):
+    """Problems from a local data file, in the file's order: JSON Lines (one JSON value per line) or one JSON
+    list. A row that `parse_row` rejects ends with one line naming the file, the line (or list row) and what is
+    wrong. Repeated questions are kept once, so that none can land in both splits."""
     try:
         with open(path, "rb") as f:
             text = f.read().decode("utf-8")
     except (OSError, UnicodeDecodeError) as e:
         reason = e.strerror if isinstance(e, OSError) else "not UTF-8 text"
-        raise UserError(f"--data {path}: cannot read it ({reason}); pass the path of a local JSON Lines file") from None
+        raise UserError(f"{flag} {path}: cannot read it ({reason}); pass the path of a local JSON Lines file") from None
     if text.lstrip().startswith("["):
         try:
             rows = [(f"row {i}", row) for i, row in enumerate(json.loads(text), 1)]
@@ -175,6 +246,7 @@ def read_problems(path, parse_row):
         if problem.question not in seen:
             seen.add(problem.question)
             problems.append(problem)
-    if len(problems) < 2:
-        raise UserError(f"--data {path}: {len(problems)} problem(s); need at least 2 (one to test, one to train on)")
+    if len(problems) < least:
+        need = "one to test, one to train on" if least == 2 else "one to evaluate on"
+        raise UserError(f"{flag} {path}: {len(problems)} problem(s); need at least {least} ({need})")
     return problems

@@ -2,41 +2,76 @@
 target. The task of the founding ES papers (TinyZero's Countdown-Tasks-3to4, Qiu et al. 2025).
 
 Problems are generated (every one solvable by construction: the target is the value of a random expression
-over the numbers) or read from a data file in the public format: JSON Lines or a JSON list whose rows hold
-`numbers` (or `nums`, TinyZero's name) and `target`.
+over the numbers) or read from a data file in the public formats: JSON Lines or a JSON list whose rows hold
+`numbers` (or `nums`, TinyZero's name) and `target`, an integer or a string holding a number (Qiu et al.'s
+file writes "98", and "85.5" or "266.6666666666667" for targets reached with division), optionally
+`context` (Qiu et al.'s exact prompt) and `solution` (a reference expression, or null).
 
-    terse     "Use 3 7 12 to make 33"; 3 numbers in 1..20, any positive integer target. Short, for a
-              character-level model.
-    instruct  the numbers, the target, the operators, each number exactly once, reasoning inside
-              <think> </think> and the final expression inside <answer> </answer>, with an example;
-              3 or 4 numbers in 1..99 and a target in 1..100, as in TinyZero's set.
+Prompt styles (--prompt-style):
+    terse     "Use 3 7 12 to make 33"; 3 numbers in 1..20. Short, for a character-level model.
+    instruct  minies' instruction: the numbers, the target, the rules, reasoning inside <think> </think>
+              and the final expression inside <answer> </answer>, with an example; chat template.
+    qiu       Qiu et al.'s prompt, fed as raw text with no chat template and ending in "Let me solve this
+              step by step.\\n<think>": the row's `context` as published, else the same text built from
+              the numbers and target.
+    tinyzero  TinyZero's: its system message and question in the chat template, the assistant's turn
+              pre-filled with "Let me solve this step by step.\\n<think>" (its base-model text for a
+              tokenizer without a chat template).
+Generated problems of every style but terse have 3 or 4 numbers in 1..99 and a target in 1..100.
 
-The completion must contain "<answer>EXPR</answer>" (the last one counts). EXPR may hold non-negative
-integer or decimal numbers, + - * /, parentheses and spaces; no unary minus, no "=", no other symbol. The
-verifier parses and evaluates it by hand (recursive descent, exact Fractions, never Python's eval).
-Malformed (reward 0): no answer tag, an EXPR that does not parse, is longer than MAX_CHARS, nests
-parentheses deeper than MAX_DEPTH, or divides by zero (it has no value).
-Well formed but wrong (reward FORMAT_BONUS): any other EXPR whose numbers are not the given ones as a
-multiset (compared by value, so 3.0 counts as 3) or whose value is not exactly the target.
+Reward schemes (--reward; `auto` takes the prompt style's own: qiu -> qiu, tinyzero -> tinyzero, else minies).
+Each reads only the completion (docs/papers.md gives the formulas):
+    minies    1·correct + 0.1·well_formed. The last <answer> holds EXPR: non-negative integer or decimal
+              numbers, + - * /, parentheses, spaces; no unary minus, no "=". Parsed by recursive descent
+              and evaluated exactly (Fractions). Malformed: no tag, an EXPR that does not parse, longer than
+              MAX_CHARS, nested deeper than MAX_DEPTH, or dividing by zero.
+    qiu       Qiu et al.'s: answer + 0.1·format. format is 1 when "<think>" + completion is exactly
+              <think>…</think>\\n<answer>…</answer>, else 0.1 for a think block plus 0.5 for an answer block;
+              answer is 1 when the last <answer>'s text is made of digits, + - * / ( ) and spaces only, its
+              integers are the given numbers, and its value (Python's arithmetic) is within 1e-5 of the target.
+    tinyzero  TinyZero's: 0 without an <answer> on the completion's last line, 1 when that answer uses the
+              given numbers and its value is within 1e-5 of the target, else 0.1.
+The expression machinery (both readers, the brute-force solver) is in minies/tasks/expressions.py. A Score's
+`malformed` means the same in every scheme: no answer that reads as an expression.
 """
-import functools
-import operator
+import random
 import re
 from dataclasses import dataclass, field
 from fractions import Fraction
 
-from minies.tasks.base import SolvedProblem, Task, last_answer_tag, make_score
+from minies.tasks.base import (PROMPT_STYLES, PromptStyle, Score, SolvedProblem, Task, answer_tags, last_answer_tag,
+                               make_score)
+from minies.tasks.expressions import (TARGET, TOLERANCE, cached_solutions, parse_expression, python_value,
+                                      random_expression, reaches)
 
-OPS = {"+": operator.add, "-": operator.sub, "*": operator.mul, "/": operator.truediv}
-EXPR_TOKEN = re.compile(r"[0-9]+(?:\.[0-9]+)?|\S")
-EXPR_NUMBER = re.compile(r"[0-9]+(?:\.[0-9]+)?")
 # (numbers per problem, smallest number, largest number, largest target or None) of generated problems
 GENERATED = {"terse": ((3,), 1, 20, None), "instruct": ((3, 4), 1, 99, 100)}
+
+# The papers' prompts, character for character (their data and code).
+THE_RULES = ("create an equation that equals {target}. You can use basic arithmetic operations (+, -, *, /) and each "
+             "number can only be used once. Show your work in <think> </think> tags. And return the final answer in "
+             "<answer> </answer> tags, for example <answer> (1 + 2) / 3 </answer>.")
+PREFILL = "Let me solve this step by step.\n<think>"
+QIU_PROMPT = ("You are a helpful assistant. You first think about the reasoning process in your mind and then provide "
+              "the user with the answer.Using the numbers [{numbers}], " + THE_RULES + PREFILL)
+TINYZERO_QUESTION = "Using the numbers {numbers}, " + THE_RULES
+TINYZERO_SYSTEM = ("You are a helpful assistant. You first thinks about the reasoning process in the mind and then "
+                   "provides the user with the answer.")
+TINYZERO_PLAIN = ("A conversation between User and Assistant. The user asks a question, and the Assistant solves it. "
+                  "The assistant first thinks about the reasoning process in the mind and then provides the user with "
+                  "the answer.\nUser: {}\nAssistant: ")
+STYLES = {**PROMPT_STYLES, "qiu": PromptStyle(chat=False, reward="qiu"),
+          "tinyzero": PromptStyle(system=TINYZERO_SYSTEM, user=" {}", plain=TINYZERO_PLAIN, prefill=PREFILL,
+                                  reward="tinyzero")}
+
+DIGITS = re.compile(r"\d+")
+QIU_CHARACTERS = re.compile(r"[0-9+\-*/() ]+\n?")  # their `^...$`, which also lets one final newline through
+TINYZERO_CHARACTERS = re.compile(r"[\d+\-*/().\s]+")
 
 
 @dataclass(frozen=True)
 class CountdownProblem(SolvedProblem):
-    numbers: tuple = field(default=(), compare=False)  # the numbers to use; the target is `answer`
+    numbers: tuple = field(default=(), compare=False)  # the numbers to use; the target is `answer` (text)
 
 
 class Countdown(Task):
@@ -44,14 +79,16 @@ class Countdown(Task):
 
     name = "countdown"
     reads_data = True
+    prompt_styles = STYLES
+    rewards = ("minies", "qiu", "tinyzero")
     # terse: "<answer>" and "</answer>" are one token each and 3 numbers need ~12 characters;
-    # instruct: room to reason, as Qiu et al. generate up to 1024 tokens.
-    default_max_new_tokens = {"terse": 32, "instruct": 1024}
+    # the others: room to reason, as Qiu et al. and TinyZero generate up to 1024 tokens.
+    default_max_new_tokens = {"terse": 32, "instruct": 1024, "qiu": 1024, "tinyzero": 1024}
     MAX_CHARS = 200  # also bounds every literal and intermediate value to a few hundred digits
     MAX_DEPTH = 10  # a real solution over a few numbers nests far less
 
     def __init__(self, seed=0, test_size=500, count=None, low=None, high=None, prompt_style="terse", **kwargs):
-        counts, default_low, default_high, self.max_target = GENERATED.get(prompt_style, GENERATED["terse"])
+        counts, default_low, default_high, self.max_target = GENERATED["terse" if prompt_style == "terse" else "instruct"]
         self.counts = counts if count is None else (count,)
         self.low = default_low if low is None else low
         self.high = default_high if high is None else high
@@ -59,16 +96,23 @@ class Countdown(Task):
             raise ValueError("Countdown needs 1 <= low <= high (positive numbers always sum to a target)")
         super().__init__(seed, test_size, prompt_style=prompt_style, **kwargs)
 
-    def make_problem(self, numbers, target, reference=None):
-        numbers = tuple(numbers)
+    def make_problem(self, numbers, target, reference=None, context=None):
+        """The problem of reaching `target` (a number or its text) with `numbers`, asked in this task's style;
+        `context`, a published prompt, is the question of the qiu style when given."""
+        numbers, target = tuple(numbers), str(target)
         if self.prompt_style == "terse":
             question = f"Use {' '.join(map(str, numbers))} to make {target}"
+        elif self.prompt_style == "qiu":
+            question = context if context is not None else QIU_PROMPT.format(numbers=qiu_numbers(numbers),
+                                                                               target=target)
+        elif self.prompt_style == "tinyzero":
+            question = TINYZERO_QUESTION.format(numbers=list(numbers), target=target)
         else:
             question = (f"Using the numbers [{', '.join(map(str, numbers))}], create an equation that equals {target}. "
                         "You can use +, -, *, / and parentheses, and each number must be used exactly once. Show "
                         "your reasoning inside <think> </think> tags, then give only the final equation inside "
                         "<answer> </answer> tags, for example <answer> (1 + 2) / 3 </answer>.")
-        return CountdownProblem(question, str(target), reference, numbers)
+        return CountdownProblem(question, target, reference, numbers)
 
     def problem(self, rng):
         while True:
@@ -88,185 +132,114 @@ class Countdown(Task):
         if not (isinstance(numbers, list) and 2 <= len(numbers) <= 6
                 and all(isinstance(n, int) and not isinstance(n, bool) and n > 0 for n in numbers)):
             raise ValueError("\"numbers\" (or \"nums\") must be a list of 2 to 6 positive integers")
-        if not (isinstance(target, int) and not isinstance(target, bool)):
-            raise ValueError("\"target\" must be an integer")
-        return self.make_problem(numbers, target)
+        if isinstance(target, (int, float)) and not isinstance(target, bool):
+            target = str(target)
+        if not (isinstance(target, str) and TARGET.fullmatch(target)):
+            raise ValueError("\"target\" must be a number, or a string holding one (\"98\", \"85.5\")")
+        for key in ("context", "solution"):
+            if row.get(key) is not None and not isinstance(row[key], str):
+                raise ValueError(f"\"{key}\" must be a string (or null)")
+        return self.make_problem(numbers, target, row.get("solution"), row.get("context"))
 
     def score(self, completion, problem):
+        return {"minies": self.minies_score, "qiu": qiu_score, "tinyzero": tinyzero_score}[self.reward](
+            completion, problem)
+
+    def minies_score(self, completion, problem):
+        text = last_answer_tag(completion)
         try:
-            value, literals, form = parse_expression(last_answer_tag(completion), self.MAX_CHARS, self.MAX_DEPTH)
+            value, literals, form = parse_expression(text, self.MAX_CHARS, self.MAX_DEPTH)
         except (ValueError, ZeroDivisionError):
             return make_score(False, True)
         given = sorted(Fraction(n) for n in problem.numbers)
-        return make_score(sorted(literals) == given and value == Fraction(problem.answer), False, solution=form)
+        return make_score(sorted(literals) == given and reaches(value, problem.answer), False, form, text)
 
     def solution_count(self, problem):
-        return len(_cached_solutions(problem.numbers, int(problem.answer)))
+        return len(cached_solutions(problem.numbers, problem.answer))
 
     def solution(self, problem):
         return f"<answer>{problem.reference}</answer>"
 
 
-def random_expression(rng, numbers):
-    """A random expression using each of `numbers` once, in order: (value, text, precedence).
-
-    Parentheses are added only where precedence needs them, to keep the reference solution short.
-    """
-    if len(numbers) == 1:
-        return Fraction(numbers[0]), str(numbers[0]), 3
-    split = rng.randint(1, len(numbers) - 1)
-    a, a_text, a_prec = random_expression(rng, numbers[:split])
-    b, b_text, b_prec = random_expression(rng, numbers[split:])
-    op = rng.choice("+-*/" if b else "+-*")
-    return (OPS[op](a, b), *join(a_text, a_prec, op, b_text, b_prec))
+def qiu_score(completion, problem):
+    """Qiu et al.'s reward (module docstring): answer + 0.1·format."""
+    format_credit = 1.0 if qiu_envelope("<think>" + completion) else (
+        0.1 * ("</think>" in completion) + 0.5 * bool(answer_tags(completion)))
+    tags = answer_tags(completion)
+    text = tags[-1] if tags else ""
+    value = python_value(text) if QIU_CHARACTERS.fullmatch(text) else None
+    correct = (value is not None and sorted(map(int, DIGITS.findall(text))) == sorted(problem.numbers)
+               and reaches(value, problem.answer, TOLERANCE))
+    return public_score(float(correct) + 0.1 * format_credit, correct, value is None, format_credit, text)
 
 
-def join(a_text, a_prec, op, b_text, b_prec):
-    """(text, precedence) of `a op b` from its operands' texts and precedences (1: + -, 2: * /, 3: a
-    number), with parentheses only where precedence needs them."""
-    prec = 1 if op in "+-" else 2
-    if a_prec < prec:
-        a_text = f"({a_text})"
-    if b_prec < prec or (b_prec == prec and op in "-/"):  # a-(b+c) and a/(b*c) need them, a+(b-c) not
-        b_text = f"({b_text})"
-    return f"{a_text}{op}{b_text}", prec
+def qiu_envelope(text):
+    """Whether `text` is exactly <think>…</think>\\n<answer>…</answer> (one final newline allowed), as Qiu et
+    al.'s regular expression ^<think>.*?</think>\\n<answer>.*?</answer>$ decides, in one pass: their
+    backtracking match is quadratic on a completion that repeats the separator."""
+    core = text[:-1] if text.endswith("</answer>\n") else text
+    if not (core.startswith("<think>") and core.endswith("</answer>")):
+        return False
+    middle = core.find("</think>\n<answer>", len("<think>"))
+    return middle >= 0 and middle + len("</think>\n<answer>") <= len(core) - len("</answer>")
 
 
-def solutions(numbers, target):
-    """Every distinct correct expression for a Countdown problem, by brute force: {canonical form: text}.
-
-    All expressions that use each of `numbers` exactly once with + - * / and parentheses (every binary tree
-    over every ordering) are evaluated exactly (Fractions; intermediate values may be negative or
-    fractional, as the verifier allows; division by zero has no value). Two correct expressions are the
-    same solution when their canonical forms are equal. The canonical form flattens chains of + and -
-    into one sum of signed terms and chains of * and / into one product of factors over divisors, then
-    sorts each part, so it is blind to
-      - the order of operands of + and * (3*7+12 = 12+7*3),
-      - grouping (3+(7+12) = (3+7)+12, a/(b*c) = a/b/c),
-      - moving a sign or a division across parentheses (a-(b-c) = a-b+c, a/(b/c) = a*c/b),
-      - which of two equal numbers goes where.
-    Everything else counts as distinct, such as 2+2 and 2*2, or x*1 and x/1. The text is the shortest
-    expression with that form (the first met among equally short ones), with parentheses only where
-    precedence needs them.
-    """
-    return {key: text for key, (value, text, _, _) in _expressions(numbers, Fraction(target)).items()}
+def tinyzero_score(completion, problem):
+    """TinyZero's reward (module docstring): 0, 0.1 or 1."""
+    tags = answer_tags(completion.split("\n")[-1])
+    if not tags:
+        return public_score(0.0, False, True, 0.0, "")
+    text = tags[-1].strip()
+    value = python_value(text) if TINYZERO_CHARACTERS.fullmatch(text) else None
+    correct = (value is not None and sorted(map(int, DIGITS.findall(text))) == sorted(problem.numbers)
+               and reaches(value, problem.answer, TOLERANCE))
+    return public_score(1.0 if correct else 0.1, correct, value is None, 1.0, text)
 
 
-@functools.lru_cache(maxsize=4096)
-def _cached_solutions(numbers, target):  # evaluations count the same test problems' solutions again and again
-    return solutions(numbers, target)
+def public_score(reward, correct, malformed, format_credit, text):
+    """The Score of a public scheme; a correct answer's solution is its canonical form where minies' own
+    grammar reads it (solutions() counts those), else its text."""
+    solution = None
+    if correct:
+        try:
+            solution = parse_expression(text.strip(), Countdown.MAX_CHARS, Countdown.MAX_DEPTH)[2]
+        except (ValueError, ZeroDivisionError):
+            solution = text.strip()
+    return Score(reward, correct, malformed, solution, format_credit, None if malformed else text.strip())
 
 
-def solvable(numbers, target):
-    """Whether some expression over `numbers` (each exactly once) equals `target`."""
-    return bool(_expressions(numbers, Fraction(target)))
+def qiu_numbers(numbers):
+    """The numbers as Qiu et al.'s prompts print them (numpy's style): [44 19 35], [83 78  1 39]."""
+    width = max(len(str(n)) for n in numbers)
+    return " ".join(str(n).rjust(width) for n in numbers)
 
 
-def _expressions(numbers, target):
-    """{canonical form: (value, text, precedence, (kind, parts))} of all expressions over `numbers` that
-    equal `target`. Built bottom-up over subsets of the numbers: every expression over a subset splits at
-    its last operation into expressions over two disjoint parts, and expressions whose canonical forms are
-    equal combine into equal forms, so each subset keeps one expression per form."""
-    full = (1 << len(numbers)) - 1
-    table = {1 << i: {str(n): (Fraction(n), str(n), 3, ("n", (str(n),), ()))} for i, n in enumerate(numbers)}
-    for mask in sorted(range(1, full + 1), key=lambda m: bin(m).count("1")):
-        if mask in table:
+def qiu_rows(count, seed=0):
+    """`count` generated rows in Qiu et al.'s published format (id, context, numbers, target as text, solution):
+    3 or 4 numbers in 1..99, the target the value of a random fully parenthesised expression over them, kept
+    when it is an integer in 1..100, and one time in 25 whatever it is (their file's share of other targets,
+    non-integers among them)."""
+    rng, rows = random.Random(f"qiu-rows-{seed}"), []
+    while len(rows) < count:
+        numbers = [rng.randint(1, 99) for _ in range(rng.choice((3, 4)))]
+        value, text = qiu_expression(rng, rng.sample(numbers, len(numbers)))
+        if value is None or not ((value.denominator == 1 and 1 <= value <= 100) or rng.random() < 0.04):
             continue
-        found = table[mask] = {}
-        sub = (mask - 1) & mask
-        while sub:
-            rest = mask ^ sub
-            if sub < rest:  # each unordered split once; both orders are tried below
-                for a in table[sub].values():
-                    for b in table[rest].values():
-                        for x, y in ((a, b), (b, a)):
-                            for op in "+-*/" if x is a else "-/":  # + and * commute: once is enough
-                                if op == "/" and not y[0]:
-                                    continue
-                                value = OPS[op](x[0], y[0])
-                                if mask == full and value != target:
-                                    continue
-                                key, shape = _canonical(x[3], y[3], op)
-                                text, prec = join(x[1], x[2], op, y[1], y[2])
-                                if key not in found or len(text) < len(found[key][1]):
-                                    found[key] = (value, text, prec, shape)
-            sub = (sub - 1) & mask
-    # The loop above filters what it combines; a single number is not combined.
-    return {key: found for key, found in table[full].items() if found[0] == target}
+        target = str(int(value)) if value.denominator == 1 else repr(float(value))
+        context = QIU_PROMPT.format(numbers=qiu_numbers(numbers), target=target)
+        rows.append({"id": len(rows), "context": context, "numbers": numbers, "target": target, "solution": text})
+    return rows
 
 
-def _canonical(a, b, op):
-    """The canonical form of `a op b` from its operands' shapes (kind, plus parts, minus parts): a sum
-    "(p+q-r)" or a product "(p*q/r)" of sorted parts, flattened through operands of the same kind."""
-    kind = "+" if op in "+-" else "*"
-    a_plus, a_minus = a[1:] if a[0] == kind else ((_key(a),), ())
-    b_plus, b_minus = b[1:] if b[0] == kind else ((_key(b),), ())
-    inverse = op in "-/"
-    plus = tuple(sorted(a_plus + (b_minus if inverse else b_plus)))
-    minus = tuple(sorted(a_minus + (b_plus if inverse else b_minus)))
-    shape = (kind, plus, minus)
-    return _key(shape), shape
-
-
-def _key(shape):
-    kind, plus, minus = shape
-    if kind == "n":
-        return plus[0]
-    return "(" + kind.join(plus) + "".join(("-" if kind == "+" else "/") + m for m in minus) + ")"
-
-
-def parse_expression(text, max_chars, max_depth):
-    """Exact value, number literals and canonical form (the one solutions() uses) of an arithmetic
-    expression, by recursive descent:
-
-        expr := term (("+" | "-") term)*      term := atom (("*" | "/") atom)*
-        atom := NUMBER | "(" expr ")"
-
-    Raises ValueError if `text` is None, too long, nested too deeply or not an expression, and
-    ZeroDivisionError on division by zero. The caps bound both the time and the recursion depth.
-    """
-    if text is None or len(text) > max_chars:
-        raise ValueError("no expression, or too long")
-    tokens, pos, literals = EXPR_TOKEN.findall(text), 0, []
-
-    def peek():
-        return tokens[pos] if pos < len(tokens) else None
-
-    def take():
-        nonlocal pos
-        token, pos = peek(), pos + 1
-        return token
-
-    # Each rule returns (value, shape); shapes combine as in solutions(), so equal forms mean one solution.
-    def chain(depth, operand, ops):
-        value, shape = operand(depth)
-        while peek() in ops:
-            op = take()
-            b_value, b_shape = operand(depth)
-            value, shape = OPS[op](value, b_value), _canonical(shape, b_shape, op)[1]
-        return value, shape
-
-    def expr(depth):
-        return chain(depth, term, ("+", "-"))
-
-    def term(depth):
-        return chain(depth, atom, ("*", "/"))
-
-    def atom(depth):
-        token = take()
-        if token == "(":
-            if depth == max_depth:
-                raise ValueError("nested too deeply")
-            value = expr(depth + 1)
-            if take() != ")":
-                raise ValueError("unbalanced parentheses")
-            return value
-        if token is None or not EXPR_NUMBER.fullmatch(token):
-            raise ValueError(f"unexpected {token!r}")
-        literals.append(Fraction(token))
-        return literals[-1], ("n", (str(literals[-1]),), ())
-
-    value, shape = expr(0)
-    if pos != len(tokens):
-        raise ValueError(f"unexpected {tokens[pos]!r}")
-    return value, literals, _key(shape)
+def qiu_expression(rng, numbers):
+    """(value, text) of a random expression over `numbers` in order, every operation in parentheses and spaced
+    as Qiu et al.'s solutions are ("((44 + 19) + 35)"); value None when it divides by zero."""
+    if len(numbers) == 1:
+        return Fraction(numbers[0]), str(numbers[0])
+    split = rng.randint(1, len(numbers) - 1)
+    (a, a_text), (b, b_text) = qiu_expression(rng, numbers[:split]), qiu_expression(rng, numbers[split:])
+    op = rng.choice("+-*/")
+    if a is None or b is None or (op == "/" and b == 0):
+        return None, ""
+    value = {"+": a + b, "-": a - b, "*": a * b, "/": a / b if b else None}[op]
+    return value, f"({a_text} {op} {b_text})"

@@ -6,9 +6,12 @@ Each row is {"question": ..., "answer": "worked solution ... #### 42"}.
     instruct  the question, then: reason step by step and give the final number inside <answer> </answer>.
 
 Scoring reads one number from the completion: the last number inside the last <answer> tag if there is
-one, else inside the last \\boxed{...} (the answer format of Qwen-Math's prompts). Numbers may have
-thousands commas, a sign and decimals, and are compared exactly ("3.50" == "3.5", "$1,000." == "1000").
-Malformed: no number where one is looked for.
+one, else inside the last \\boxed{...} (the answer format of Qwen-Math's prompts; braces nest, so
+\\boxed{18 \\text{ dollars}} reads 18). Numbers may have thousands commas, a sign and decimals, and are
+compared exactly ("3.50" == "3.5", "$1,000." == "1000"). Malformed: no number where one is looked for.
+
+Data: train on GSM8K's train split (--data) and evaluate on its test split (--eval-data); the test split
+ships in tests/data/gsm8k_test.jsonl, and docs/real-models.md says where to get the train split.
 
 Strict and lenient answers. Training rewards are strict: only the tag or \\boxed{} count. The lenient mode
 (`lenient=True`, eval.py --lenient-answers) falls back to the last number anywhere in the completion, as
@@ -22,7 +25,6 @@ from minies.tasks.base import SolvedProblem, Task, last_answer_tag, make_score
 
 # A minus sign counts only where it cannot be subtraction, so "16-3-4=9" yields 9, not -4.
 GSM8K_NUMBER = re.compile(r"(?:(?<![\w)])-)?(?:[0-9]{1,3}(?:,[0-9]{3})+(?:\.[0-9]+)?|[0-9]*\.?[0-9]+)")
-BOXED = re.compile(r"\\boxed\{([^{}]*)\}")
 ROW_FORMAT = ('expected a JSON object with string fields "question" and "answer", the answer ending in '
               '"#### <number>"')
 
@@ -30,8 +32,9 @@ ROW_FORMAT = ('expected a JSON object with string fields "question" and "answer"
 class GSM8K(Task):
     name = "gsm8k"
     reads_data = needs_data = True
-    data_help = ("--task gsm8k needs --data FILE: a local JSONL file with one "
-                 '{"question": ..., "answer": "... #### <number>"} per line (e.g. tests/data/gsm8k_test.jsonl)')
+    data_help = ("--task gsm8k reads its problems from files: --data FILE to train on (GSM8K's train split) and "
+                 "--eval-data FILE to evaluate on (tests/data/gsm8k_test.jsonl is its test split); each a local JSON "
+                 'Lines file with one {"question": ..., "answer": "... #### <number>"} per line')
     default_max_new_tokens = {"terse": 256, "instruct": 512}
 
     def __init__(self, seed=0, data=None, test_size=500, lenient=False, **kwargs):
@@ -53,15 +56,30 @@ class GSM8K(Task):
 
     def score(self, completion, problem):
         tagged = last_answer_tag(completion)
-        boxed = BOXED.findall(completion)
-        text = tagged if tagged is not None else boxed[-1] if boxed else completion if self.lenient else ""
+        boxed = last_boxed(completion) if tagged is None else None
+        text = tagged if tagged is not None else boxed if boxed is not None else completion if self.lenient else ""
         found = GSM8K_NUMBER.findall(text)
         if not found:
             return make_score(False, True)
         # Longer numbers never match a GSM8K answer, and Fraction() would be slow on (or refuse) huge ones.
         correct = len(found[-1]) <= 40 and Fraction(found[-1].replace(",", "")) == Fraction(problem.answer)
-        return make_score(correct, False)
+        return make_score(correct, False, answer=found[-1])
 
     def solution(self, problem):
         """The worked solution of the data file, then its final number in the answer tag."""
         return f"{problem.reference}\n<answer>{problem.answer}</answer>"
+
+
+def last_boxed(completion):
+    """The text inside the last complete \\boxed{...} of a completion, its braces balanced ("18 \\text{ dollars}"),
+    or None. One pass with a stack of open braces, so that hostile input ("\\boxed{" repeated) stays linear."""
+    opened, last = [], None  # opened: (position after "{", whether that brace opens a box)
+    for match in re.finditer(r"\\boxed\{|[{}]", completion):
+        if match.group() == "}":
+            if opened:
+                begin, is_box = opened.pop()
+                if is_box and (last is None or begin > last[0]):
+                    last = (begin, match.start())
+        else:
+            opened.append((match.end(), match.group() != "{"))
+    return completion[last[0]:last[1]] if last else None
