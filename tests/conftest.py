@@ -35,7 +35,7 @@ def build_throwaway_model(out, steps=30, batch=32, seed=0):
     """A 2-layer version of the shipped model, warm-started for a few steps with make_tiny's own
     tokenizer, architecture and SFT batches: enough to emit the answer format and EOS. (make_tiny.main
     would also evaluate 3,200 samples at the end, which costs minutes on two cores.)"""
-    from minies import make_tiny
+    from scripts import make_tiny
 
     task = Arithmetic()
     tok = make_tiny.build_tokenizer()

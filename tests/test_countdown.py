@@ -7,7 +7,7 @@ import pytest
 import train
 from conftest import run_in_process
 from minies.evaluate import evaluate, solution_metrics
-from minies.make_tiny import varied_references
+from scripts.make_tiny import varied_references
 from minies.models import SHIPPED_MODEL, SHIPPED_MODELS, load_model, load_tokenizer
 from minies.recipes import RECIPES
 from minies.tasks import Countdown, parse_expression, solutions, solvable

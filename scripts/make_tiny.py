@@ -1,8 +1,8 @@
 """Build a shipped tiny model: a character tokenizer, a small Qwen2 decoder, and a supervised warm
 start on a task's reference solutions.
 
-    python -m minies.make_tiny            # rewrites minies/assets/tiny (deterministic from --seed)
-    python -m minies.make_tiny --task countdown --steps 3000 --eval-every 100   # minies/assets/tiny-countdown
+    python -m scripts.make_tiny            # rewrites minies/assets/tiny (deterministic from --seed)
+    python -m scripts.make_tiny --task countdown --steps 3000 --eval-every 100   # minies/assets/tiny-countdown
 
 The warm start is stopped early on purpose, as soon as held-out pass@1 at temperature 1 reaches
 --stop-at-pass1 (20%): the model knows the answer format, often has the right answer among its
