@@ -39,7 +39,7 @@ class EvalConfig(TaskOptions, ModelOptions):
     out: str = option(None, "also write the metrics to this JSON file")
 
 
-def main(argv=None):
+def parse_args(argv):
     pre = argparse.ArgumentParser(add_help=False)
     for flag in ("--model", "--task"):
         pre.add_argument(flag)
@@ -51,6 +51,11 @@ def main(argv=None):
     ap.set_defaults(**recipe_defaults([own], None, {f.name for f in dataclasses.fields(EvalConfig)}))
     cfg = from_args(EvalConfig, ap.parse_args(argv))
     cfg.model = cfg.model or default_model(cfg.task)
+    return cfg
+
+
+def main(argv=None):
+    cfg = parse_args(argv)
     too_big = [k for k in cfg.k if k > cfg.n]
     if too_big:
         raise UserError(f"--k {' '.join(map(str, too_big))}: pass@k needs n >= k samples; raise --n to {max(too_big)}")

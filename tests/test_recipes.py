@@ -160,3 +160,47 @@ def test_a_model_names_its_recipe(tmp_path, model_dir):
     (out / "config.json").write_text(json.dumps(config))
     with pytest.raises(UserError, match="minies_recipe 'bogus'"):
         parse("--model", str(out))
+
+
+def readme_commands():
+    """The real-model commands of the README and docs/real-models.md (a hub id after --model), as argv lists."""
+    import shlex
+
+    commands = []
+    for doc in (REPO / "README.md", REPO / "docs" / "real-models.md"):
+        for line in doc.read_text().splitlines():
+            words = shlex.split(line.split("#")[0]) if "Qwen/" in line and "--model" in line else []
+            if words and words[0] in ("python", "torchrun"):
+                script = next(w for w in words if w.endswith(".py"))
+                commands.append((doc.name, script, words[words.index(script) + 1:]))
+    return commands
+
+
+def test_the_readme_real_model_commands_parse(tmp_path):
+    """Every real-model command of the docs, with a local ChatML model of Qwen2.5's shape in place of the hub id
+    and the papers' files in their formats, parses, loads its data and resolves a complete recipe."""
+    import eval as eval_script
+    from bench.qwen_shapes import save_random_qwen2, scaled_shape
+    from minies.tasks import get_task, qiu_rows
+
+    qwen = save_random_qwen2(tmp_path / "qwen", scaled_shape("0.5b"))
+    (tmp_path / "countdown.json").write_text(json.dumps(qiu_rows(300, seed=0)))
+    (tmp_path / "gsm8k_train.jsonl").write_text("".join(
+        json.dumps({"question": f"Tom has {i} apples and buys 2. How many now?", "answer": f"{i}+2\n#### {i + 2}"})
+        + "\n" for i in range(50)))
+    local = {"Qwen/Qwen2.5-0.5B-Instruct": qwen, "countdown.json": str(tmp_path / "countdown.json"),
+             "gsm8k_train.jsonl": str(tmp_path / "gsm8k_train.jsonl"),
+             "tests/data/gsm8k_test.jsonl": str(REPO / "tests" / "data" / "gsm8k_test.jsonl")}
+    commands = readme_commands()
+    assert len(commands) >= 12 and {script for _, script, _ in commands} == {"train.py", "eval.py"}
+    for doc, script, argv in commands:
+        argv = [local.get(word, word) for word in argv]
+        if script == "eval.py":
+            cfg = eval_script.parse_args(argv)
+        else:
+            cfg, algo_cfg, _, recipes = train.parse_args(argv)
+            assert cfg.recipe in recipes and cfg.steps is not None and cfg.max_new_tokens is not None, (doc, argv)
+        style = prompt_style_for(cfg.prompt_style, load_config(cfg.model))
+        task = get_task(cfg.task, data=cfg.data, eval_data=cfg.eval_data, train_problems=cfg.train_problems,
+                        prompt_style=style, reward=cfg.reward, max_new_tokens=cfg.max_new_tokens)
+        assert task.test_problems() and (cfg.data is None or task.train_problems(2, seed=0)), (doc, argv)
