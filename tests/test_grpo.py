@@ -1,5 +1,6 @@
 """GRPO: the loss by hand, clipping, exact micro-batch and multi-process aggregation, zero-advantage
-groups, the EOS token, KL, learning on a fixed batch, exact resume."""
+groups, the EOS token, KL, learning on a fixed batch, the logits cap on every pass over completions
+(GRPO's, 3PO's and the evaluation's), exact resume."""
 import io
 import math
 
@@ -8,6 +9,10 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+import minies.evaluate
+import minies.grpo
+import minies.rollout
+import train
 from conftest import DenseArithmetic, logps
 from minies.grpo import GRPO, GRPOConfig, group_advantages, grpo_loss
 from minies.models import load_model, load_tokenizer
@@ -195,24 +200,73 @@ def test_gradient_checkpointing_gives_the_same_gradient(tiny_model_dir):
         torch.testing.assert_close(a.grad, b.grad, rtol=1e-5, atol=1e-7)
 
 
-def test_micro_batches_keep_their_logits_within_the_budget_with_the_same_gradient(tiny_model_dir, monkeypatch):
-    """A micro-batch takes at most as many completions as keep their fp32 logits within LOGITS_BYTES (a real
-    vocabulary's logits are GBs per completion); the batch gradient is the same however it is split."""
-    import minies.grpo
-    import minies.rollout
-    plain, bounded = make_grpo(tiny_model_dir), make_grpo(tiny_model_dir)
-    r = sample(plain)
-    adv = torch.randn(len(r.texts), generator=torch.Generator().manual_seed(0))
-    plain.update(r, adv)
-    rows, real = [], minies.grpo.completion_logprobs
-    monkeypatch.setattr(minies.grpo, "completion_logprobs", lambda model, ids, *a, **k: rows.append(len(ids)) or
-                        real(model, ids, *a, **k))
-    width, vocab = r.completion_ids.shape[1], bounded.model.config.vocab_size
-    monkeypatch.setattr(minies.rollout, "LOGITS_BYTES", 4 * 3 * width * vocab)  # 3 completions' logits
-    bounded.update(r, adv)
-    assert rows and max(rows) == 3 < bounded.config.micro_batch
-    for a, b in zip(plain.params, bounded.params):
-        torch.testing.assert_close(a.grad, b.grad, rtol=1e-5, atol=1e-7)
+# The logits cap on every pass over completions --------------------------------------------------------
+
+def rows_per_pass(model, generating):
+    """The batch size of each forward pass of `model` over completions, in a list that fills as they run:
+    every forward pass but generation's (while `generating` is not empty), which has its own micro-batch."""
+    rows = []
+    model.register_forward_pre_hook(lambda _, args, kwargs: None if generating else rows.append(len(kwargs["input_ids"])),
+                                    with_kwargs=True)
+    return rows
+
+
+def flag_generation(monkeypatch, module):
+    """Replace `module`'s generate by one that marks its calls in the list returned."""
+    generating, real = [], module.generate
+
+    def generate(*args, **kwargs):
+        generating.append(True)
+        try:
+            return real(*args, **kwargs)
+        finally:
+            generating.pop()
+    monkeypatch.setattr(module, "generate", generate)
+    return generating
+
+
+@pytest.mark.parametrize("name", ["grpo", "b3po", "m3po", "c3po"])
+def test_every_pass_of_a_step_keeps_to_the_logits_cap(tiny_model_dir, monkeypatch, name):
+    """With LOGITS_BYTES below one completion's logits, every pass over completions of a step (the policy's,
+    the reference's, 3PO's behaviour and fresh-sample passes) takes one row at a time, and the step's
+    gradient and weights are, to rounding, those of passes over 8 rows."""
+    config_class, algorithm_class = train.algorithms()[name]
+    problems = DenseArithmetic(test_size=20).train_problems(2, seed=0)
+    generating = flag_generation(monkeypatch, minies.grpo)
+
+    def one_step():
+        torch.manual_seed(0)
+        algo = algorithm_class(load_model(tiny_model_dir, device="cpu"), load_tokenizer(tiny_model_dir),
+                               DenseArithmetic(test_size=20), config_class(prompts=2, group_size=4, micro_batch=8,
+                                                                           beta=0.05))
+        rows = rows_per_pass(algo.model, generating)
+        algo.step(problems, seed=0)
+        # GRPO leaves its gradient in p.grad; IVON's first step keeps (1 − β1)·ĝ as its momentum.
+        grads = [p.grad if name == "grpo" else algo.optimizer.state[p]["momentum"] for p in algo.params]
+        return rows, grads, [p.detach() for p in algo.params]
+
+    plain_rows, plain_grads, plain_weights = one_step()
+    monkeypatch.setattr(minies.rollout, "LOGITS_BYTES", 1)
+    capped_rows, capped_grads, capped_weights = one_step()
+    assert max(plain_rows) > 1 and set(capped_rows) == {1}
+    for a, b in zip(plain_grads, capped_grads):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-7)
+    for a, b in zip(plain_weights, capped_weights):
+        torch.testing.assert_close(a, b)
+
+
+def test_the_evaluation_keeps_to_the_logits_cap(tiny_model_dir, tokenizer, monkeypatch):
+    """The evaluation's entropy pass too: one row at a time under the forced cap, the same metrics."""
+    model = load_model(tiny_model_dir, device="cpu")
+    rows = rows_per_pass(model, flag_generation(monkeypatch, minies.evaluate))
+    task = Arithmetic(test_size=20)
+    problems = task.test_problems()[:4]
+    plain = minies.evaluate.evaluate(model, tokenizer, task, problems, n=4, ks=(1, 4), greedy=False, micro_batch=16)
+    plain_rows = list(rows)
+    monkeypatch.setattr(minies.rollout, "LOGITS_BYTES", 1)
+    capped = minies.evaluate.evaluate(model, tokenizer, task, problems, n=4, ks=(1, 4), greedy=False, micro_batch=16)
+    assert max(plain_rows) > 1 and set(rows[len(plain_rows):]) == {1}
+    assert capped == pytest.approx(plain, rel=1e-5)
 
 
 @pytest.mark.parametrize("eightbit,optim", [(False, "adamw"), (True, "adamw8bit")])
