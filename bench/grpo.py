@@ -12,7 +12,8 @@ TRL is used only when it is installed; it is never a dependency of minies.
 
 Printed: seconds per step of each (the fastest of --steps timed steps, after one warm-up step), and
 minies' step split into generation, scoring, the log-prob forward passes, the backward pass (with the
-loss) and the optimizer (clipping and AdamW).
+loss) and the optimizer (clipping and AdamW): the torch.profiler ranges GRPO marks its step with, read
+from one more step run under the profiler (which slows it a little; on a GPU the ranges time the host).
 """
 import argparse
 import tempfile
@@ -20,6 +21,7 @@ import time
 from dataclasses import dataclass
 
 import torch
+from torch.profiler import ProfilerActivity, profile
 
 from minies.config import add_arguments, from_args, option, option_of
 from minies.grpo import GRPO, GRPOConfig
@@ -40,52 +42,38 @@ class BenchConfig:
     skip_trl: bool = option(False, "measure minies alone")
 
 
-def setup(args):
-    """The shipped model, its tokenizer, the task and the problems of warm-up + timed steps, in order."""
+# The parts of minies' step: the torch.profiler ranges of minies/grpo.py.
+RANGES = {"generation": "grpo.generate", "scoring": "grpo.score", "log-prob forward": "grpo.logprobs",
+          "backward and loss": "grpo.loss_backward", "optimizer": "grpo.optimizer"}
+
+
+def setup(args, steps):
+    """The shipped model, its tokenizer, the task and the problems of `steps` steps, in order."""
     torch.manual_seed(0)
     model, tok = load_model(SHIPPED_MODEL), load_tokenizer(SHIPPED_MODEL)
     task = get_task("arithmetic", prompt_style=prompt_style_for("auto", model.config), max_new_tokens=args.new_tokens)
-    return model, tok, task, task.train_problems(args.prompts * (args.steps + 1), seed=1)
-
-
-class Split:
-    """Seconds spent in some methods of some objects, by wrapping the methods on the objects themselves."""
-
-    def __init__(self, methods):
-        """`methods`: {label: (object, method name)}."""
-        self.seconds = dict.fromkeys(methods, 0.0)
-        for name, (obj, method) in methods.items():
-            setattr(obj, method, self.timed(name, getattr(obj, method)))
-
-    def timed(self, name, fn):
-        def wrapper(*args, **kwargs):
-            start = time.perf_counter()
-            try:
-                return fn(*args, **kwargs)
-            finally:
-                self.seconds[name] += time.perf_counter() - start
-        return wrapper
+    return model, tok, task, task.train_problems(args.prompts * steps, seed=1)
 
 
 def minies_steps(args):
-    """(seconds of the fastest timed step, that step's split) of minies' GRPO."""
-    model, tok, task, problems = setup(args)
+    """(seconds of the fastest timed step, the split of one more step, run under torch.profiler) of minies'
+    GRPO; the split's "other" is what the profiled step spent outside the ranges."""
+    model, tok, task, problems = setup(args, args.steps + 2)
     algo = GRPO(model, tok, task, GRPOConfig(prompts=args.prompts, group_size=args.group_size, lr=args.lr,
                                              temperature=args.temperature, micro_batch=args.micro_batch))
-    methods = ("generate", "score", "logps", "policy_gradient", "clip_gradient")
-    split = Split({**{name: (algo, name) for name in methods}, "optimizer": (algo.optimizer, "step")})
-    best = None
-    for step in range(args.steps + 1):
-        split.seconds = dict.fromkeys(split.seconds, 0.0)
+    batches = [problems[i:i + args.prompts] for i in range(0, len(problems), args.prompts)]
+    seconds = []
+    for step, batch in enumerate(batches[:-1]):
         start = time.perf_counter()
-        algo.step(problems[step * args.prompts:(step + 1) * args.prompts], seed=step)
-        seconds = time.perf_counter() - start
-        if step and (best is None or seconds < best[0]):
-            best = (seconds, split.seconds)
-    seconds, s = best
-    split = {"generation": s["generate"], "scoring": s["score"], "log-prob forward": s["logps"],
-             "backward and loss": s["policy_gradient"] - s["logps"], "optimizer": s["clip_gradient"] + s["optimizer"]}
-    return seconds, {**split, "other": seconds - sum(split.values())}
+        algo.step(batch, seed=step)
+        seconds.append(time.perf_counter() - start)
+    with profile(activities=[ProfilerActivity.CPU]) as profiled:
+        start = time.perf_counter()
+        algo.step(batches[-1], seed=len(batches) - 1)
+        profiled_seconds = time.perf_counter() - start
+    in_range = {event.key: event.cpu_time_total / 1e6 for event in profiled.key_averages()}
+    split = {label: in_range.get(name, 0.0) for label, name in RANGES.items()}
+    return min(seconds[1:]), {**split, "other": profiled_seconds - sum(split.values())}
 
 
 def trl_steps(args, trl):
@@ -94,7 +82,7 @@ def trl_steps(args, trl):
     from datasets import Dataset
     from transformers import PrinterCallback, TrainerCallback
 
-    model, tok, task, problems = setup(args)
+    model, tok, task, problems = setup(args, args.steps + 1)
     prompts = format_prompts(tok, [p.question for p in problems])
     # Given a fingerprint, datasets does not hash the table (which fails with some dill and pyarrow versions).
     data = Dataset(pyarrow.Table.from_pylist([{"prompt": text, "problem": i} for i, text in enumerate(prompts)]),
@@ -140,9 +128,10 @@ def main():
     print(f"# bench.grpo: shipped model, {args.prompts} prompts x {args.group_size} completions, lr {args.lr}, "
           f"temperature {args.temperature}, micro-batch {args.micro_batch}, on {device}")
     seconds, split = minies_steps(args)
-    print(f"minies GRPO step {seconds:7.2f} s")
+    profiled = sum(split.values())
+    print(f"minies GRPO step {seconds:7.2f} s; the split of one more, under torch.profiler ({profiled:.2f} s):")
     for name, value in split.items():
-        print(f"  {name:18s} {value:6.2f} s  {100 * value / seconds:5.1f}%")
+        print(f"  {name:18s} {value:6.2f} s  {100 * value / profiled:5.1f}%")
     try:
         import trl
     except ImportError:

@@ -25,17 +25,19 @@ shared between processes under DistributedDataParallel. Every normaliser above (
 whole batch's, over all micro-batches and ranks, so the sum of the parts' losses is the loss of the
 batch and the gradient does not depend on how it was cut.
 
-A model loaded in 8-bit cannot be trained directly: LoRA adapters (minies/lora.py) are trained
-beside the frozen int8 weights, the reference policy is the base with the adapters switched off,
-and checkpoints hold the merged float model.
+A model loaded in 8-bit cannot be trained directly: LoRA adapters (minies/lora.py) are trained beside
+the frozen int8 weights, the reference policy is the base with the adapters switched off, and
+checkpoints hold the merged float model.
 """
 import contextlib
 import copy
+import statistics
 from dataclasses import dataclass
 from typing import NamedTuple
 
 import torch
 from torch.nn.parallel import DistributedDataParallel
+from torch.profiler import record_function
 
 from minies import UserError, distributed, lora
 from minies.config import option
@@ -47,14 +49,14 @@ AGGREGATIONS = ("grpo", "dapo", "dr_grpo")
 
 
 @dataclass
-class GRPOConfig:
+class PolicyGradientConfig:
+    """The flags GRPO and 3PO share: the batch, the loss, clipping and LoRA. GRPOConfig adds GRPO's
+    optimizer; ThreePOConfig (minies/threepo.py) adds IVON's."""
     prompts: int = option(16, "prompts per step (P), over all processes", check="positive")
     group_size: int = option(8, "completions per prompt (G)", check="positive")
     temperature: float = option(1.0, "sampling temperature; log-probs are taken at the same temperature",
                                 check="positive")
     lr: float = option(1e-4, "learning rate", check="positive")
-    optim: str = option("adamw", "optimizer: torch AdamW, or bitsandbytes' 8-bit AdamW", choices=["adamw", "adamw8bit"])
-    updates_per_batch: int = option(1, "optimizer steps on each batch of completions (μ)", check="positive")
     micro_batch: int = option(64, "completions per forward/backward, at most (fewer when their logits would pass "
                               "1 GiB: minies/rollout.py); gradients accumulate over the batch", check="positive")
     epsilon_low: float = option(0.2, "clip the token ratio below at 1 - epsilon_low", check="probability")
@@ -73,6 +75,12 @@ class GRPOConfig:
                                check="positive")
     lora_targets: str = option("q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj",
                                "comma-separated names of the linear layers that get adapters")
+
+
+@dataclass
+class GRPOConfig(PolicyGradientConfig):
+    optim: str = option("adamw", "optimizer: torch AdamW, or bitsandbytes' 8-bit AdamW", choices=["adamw", "adamw8bit"])
+    updates_per_batch: int = option(1, "optimizer steps on each batch of completions (μ)", check="positive")
 
 
 class Scores(NamedTuple):
@@ -146,6 +154,9 @@ def token_weights(mask, aggregation, num_sequences, num_tokens, max_len):
 
 
 class GRPO:
+    """GRPO's step (module docstring), its parts marked with torch.profiler ranges (grpo.generate, grpo.score,
+    grpo.logprobs, grpo.loss_backward, grpo.optimizer) for bench/grpo.py."""
+
     # Checkpoints hold merged weights, so --resume starts again from the base model and state_dict
     # restores the trained weights. This also keeps the base as the reference policy.
     resume_from_base = True
@@ -172,21 +183,93 @@ class GRPO:
         if config.gradient_checkpointing:
             model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
         self.params = [p for p in model.parameters() if p.requires_grad]
-        if config.optim == "adamw8bit":
-            import bitsandbytes as bnb
-            self.optimizer = bnb.optim.AdamW8bit(self.params, lr=config.lr, weight_decay=0.0)
-        else:
-            self.optimizer = torch.optim.AdamW(self.params, lr=config.lr, weight_decay=0.0)
+        self.optimizer = self.make_optimizer(self.params)
         # A decoder's buffers (rotary tables) are constants: no need to broadcast them before each forward.
         self.policy = DistributedDataParallel(model, forward_sync_buffers=False) if world > 1 else model
 
+    def make_optimizer(self, params):
+        """The optimizer of the trained parameters: 3PO's hook, where ThreePO puts IVON. GRPO's is AdamW, or
+        bitsandbytes' 8-bit AdamW."""
+        if self.config.optim == "adamw8bit":
+            import bitsandbytes as bnb
+            adamw = bnb.optim.AdamW8bit
+        else:
+            adamw = torch.optim.AdamW
+        return adamw(params, lr=self.config.lr, weight_decay=0.0)
+
     def step(self, problems, seed):
         """Sample, score and update on `problems` (the same list on every rank); returns the log."""
-        rollouts, scores = self.sample(problems, seed)
-        advantages = self.advantages(scores.rewards)
-        return self.log(scores, self.update(rollouts, advantages))
+        rollouts, scores = self.sample(problems, seed)  # G completions per prompt from π_old, and their rewards
+        advantages = self.advantages(scores.rewards)  # A_i within each group
+        return self.step_log(scores, self.update(rollouts, advantages))
+
+    def update(self, rollouts, advantages):
+        """μ optimizer steps on this rank's rollouts with their advantages [rows], all against the same
+        π_old; returns their log: each statistic averaged over the steps (the entropy is π_old's)."""
+        old, logs = {}, []
+        for _ in range(self.config.updates_per_batch):
+            logs.append(self.policy_gradient(rollouts, advantages, old))  # ∇L_GRPO in p.grad, clipped
+            with record_function("grpo.optimizer"):
+                self.optimizer.step()
+        return {key: statistics.fmean(log[key] for log in logs if key in log) for key in logs[0]}
 
     # The pieces of a step, also used by 3PO (minies/threepo.py) ------------------------------------
+
+    def policy_gradient(self, rollouts, advantages, old=None):
+        """Leave ∇L_GRPO of this rank's rollouts with their advantages [rows] in p.grad, clipped to
+        --max-grad-norm; returns the pass's log over all ranks: the loss, the fractions of tokens clipped,
+        the KL when β > 0, the gradient's norm before clipping and, on the first pass, π_old's entropy.
+
+        One micro-batch at a time (as many completions as rollout.logits_rows allows): log-probs, the token
+        ratio against π_old, the clipped loss, backward, the gradients adding up. `old` keeps π_old's and
+        the reference policy's log-probs per micro-batch for later passes (μ > 1): the first pass, given
+        an empty dict or none, fills it, π_old's being its own log-probs, detached, so that its ratio is 1
+        and its gradient the policy gradient."""
+        cfg, mask = self.config, rollouts.completion_mask
+        old = {} if old is None else old
+        first = not old
+        # grpo_loss divides by the whole batch's counts (over all ranks), so the parts' gradients add up.
+        counts = distributed.all_reduce_sum(torch.tensor([len(mask), mask.sum().item()], dtype=torch.float64))
+        counts = dict(num_sequences=counts[0].item(), num_tokens=counts[1].item(), max_len=self.task.max_new_tokens)
+        size = logits_rows(mask.shape[1], self.model.config.vocab_size, cfg.micro_batch)
+        batches = [slice(s, s + size) for s in range(0, len(mask), size)]
+        # transformers checkpoints activations only in train mode; the models here have no dropout.
+        self.model.train(cfg.gradient_checkpointing)
+        if first:
+            old.update(policy=[None] * len(batches), reference=self.reference_logps(rollouts, batches))
+        sums = torch.zeros(5, dtype=torch.float64)  # loss, clip_low, clip_high, kl, entropy over this rank's tokens
+        self.model.zero_grad(set_to_none=True)
+        for i, rows in enumerate(batches):
+            # DDP all-reduces gradients on the last micro-batch only; the others accumulate locally.
+            sync = i == len(batches) - 1 or self.policy is self.model
+            with contextlib.nullcontext() if sync else self.policy.no_sync():
+                logps, entropy = self.logps(self.policy, rollouts, rows, with_entropy=first)
+                if first:
+                    old["policy"][i] = logps.detach()
+                with record_function("grpo.loss_backward"):
+                    loss, stats = grpo_loss(logps, old["policy"][i], advantages[rows], mask[rows], cfg.epsilon_low,
+                                            cfg.epsilon_high, cfg.loss_aggregation, old["reference"][i], cfg.beta,
+                                            **counts)
+                    # The loss is normalised by global counts, so the batch gradient is the sum over ranks;
+                    # DDP averages, hence the factor.
+                    (loss * distributed.world_size()).backward()
+            tokens = mask[rows].sum().item()
+            entropy_sum = (entropy * mask[rows]).sum().item() if first else 0.0
+            sums += torch.tensor([loss.item(), stats["clip_low"] * tokens, stats["clip_high"] * tokens,
+                                  stats.get("kl", 0.0) * tokens, entropy_sum], dtype=torch.float64)
+        self.model.eval()
+        check_finite("the loss", sums[0])  # before any optimizer (AdamW, or IVON in 3PO) takes a step
+        with record_function("grpo.optimizer"):
+            grad_norm = check_finite("the gradient norm",
+                                     torch.nn.utils.clip_grad_norm_(self.params, cfg.max_grad_norm).item())
+        loss, clip_low, clip_high, kl, entropy = distributed.all_reduce_sum(sums).tolist()
+        tokens = counts["num_tokens"]
+        log = {"loss": loss, "clip_low": clip_low / tokens, "clip_high": clip_high / tokens, "grad_norm": grad_norm}
+        if cfg.beta > 0:
+            log["kl"] = kl / tokens
+        if first:
+            log["entropy"] = entropy / tokens
+        return log
 
     def sample(self, problems, seed):
         """G completions for each of this rank's prompts from the current policy (the sampling policy
@@ -196,23 +279,26 @@ class GRPO:
 
     def prompts(self, problems):
         """The prompt strings of this rank's rollouts: its share of `problems`, each repeated G times."""
-        return self.task.prompts(self.tokenizer, self.local(problems), self.chat_template)
+        return self.task.prompts(self.tokenizer, self.rollout_problems(problems), self.chat_template)
 
-    def local(self, problems):
-        """This rank's share of `problems`, each repeated G times (a group's completions side by side)."""
+    def rollout_problems(self, problems):
+        """The problem of each of this rank's rollouts: its share of `problems`, each repeated G times (a
+        group's completions side by side)."""
         G = self.config.group_size
         return [problems[i] for i in distributed.shard(list(range(len(problems)))) for _ in range(G)]
 
+    @record_function("grpo.generate")
     def generate(self, prompts, seed):
         """One completion per prompt string from the weights as they are now (a group's prompt runs once)."""
         self.model.eval()
         return generate(self.model, self.tokenizer, prompts, self.task.max_new_tokens, self.config.temperature,
                         seed=seed, share_prompts=True)
 
+    @record_function("grpo.score")
     def score(self, problems, rollouts):
         """Scores [P, G] of the whole batch: every rank gets them all, for batch-std scaling and the log."""
         mine = distributed.shard(list(range(len(problems))))
-        scores = [self.task.score(text, p) for p, text in zip(self.local(problems), rollouts.texts)]
+        scores = [self.task.score(text, p) for p, text in zip(self.rollout_problems(problems), rollouts.texts)]
         per_completion = torch.tensor([[s.reward, s.correct, s.malformed] for s in scores], dtype=torch.float64)
         per_completion = torch.cat([per_completion, rollouts.lengths[:, None].double(),
                                     rollouts.truncated[:, None].double()], 1)
@@ -226,63 +312,7 @@ class GRPO:
         mine = distributed.shard(list(range(len(rewards))))
         return group_advantages(rewards, self.config.scale_rewards)[mine].flatten().float().to(model_device(self.model))
 
-    def update(self, rollouts, advantages):
-        """μ optimizer steps on this rank's rollouts with their advantages [rows]; returns the log."""
-        passes, old = [], None
-        for _ in range(self.config.updates_per_batch):
-            sums, old = self.policy_gradient(rollouts, advantages, old)
-            sums["grad_norm"] = self.clip_gradient()
-            self.optimizer.step()
-            passes.append(sums)
-        return self.gradient_log(passes, rollouts)
-
-    def policy_gradient(self, rollouts, advantages, old=None):
-        """Leave ∇L_GRPO of this rank's rollouts with their advantages [rows] in p.grad (zeroed first).
-
-        `old` holds the log-probs of π_old and of the reference policy per micro-batch. On the first
-        pass it is None: π_old's are this pass's own, detached (so the ratio is 1 and the gradient is the
-        policy gradient), and the entropy is logged. Returns (this pass's sums over this rank's
-        tokens, for gradient_log; old) and passes `old` on to the next pass."""
-        cfg, mask, first = self.config, rollouts.completion_mask, old is None
-        norm = self.normalisers(mask)
-        size = logits_rows(mask.shape[1], self.model.config.vocab_size, cfg.micro_batch)
-        batches = [slice(s, s + size) for s in range(0, len(mask), size)]
-        # transformers checkpoints activations only in train mode; the models here have no dropout.
-        self.model.train(cfg.gradient_checkpointing)
-        if first:
-            old = {"policy": [None] * len(batches), "reference": self.reference_logps(rollouts, batches)}
-        sums = dict.fromkeys(["loss", "clip_low", "clip_high", "kl", "entropy"], 0.0)
-        self.optimizer.zero_grad(set_to_none=True)
-        for i, rows in enumerate(batches):
-            # DDP all-reduces gradients on the last micro-batch only; the others accumulate locally.
-            sync = i == len(batches) - 1 or self.policy is self.model
-            with contextlib.nullcontext() if sync else self.policy.no_sync():
-                logps, entropy = self.logps(self.policy, rollouts, rows, with_entropy=first)
-                if first:
-                    old["policy"][i] = logps.detach()
-                    sums["entropy"] += (entropy.detach() * mask[rows]).sum().item()
-                loss, stats = grpo_loss(logps, old["policy"][i], advantages[rows], mask[rows], cfg.epsilon_low,
-                                        cfg.epsilon_high, cfg.loss_aggregation, old["reference"][i], cfg.beta, **norm)
-                # The loss is normalised by global counts, so the batch gradient is the sum over ranks;
-                # DDP averages, hence the factor.
-                (loss * distributed.world_size()).backward()
-            sums["loss"] += loss.item()
-            for key in stats:
-                sums[key] += stats[key] * mask[rows].sum().item()
-        self.model.eval()
-        check_finite("the loss", sums["loss"])  # before any optimizer (AdamW, or IVON in 3PO) takes a step
-        return sums, old
-
-    def clip_gradient(self):
-        """Clip p.grad to --max-grad-norm; returns the norm before clipping, which must be finite."""
-        norm = torch.nn.utils.clip_grad_norm_(self.params, self.config.max_grad_norm).item()
-        return check_finite("the gradient norm", norm)
-
-    def normalisers(self, mask):
-        """The whole batch's normalisers of grpo_loss: counted over all ranks."""
-        counts = distributed.all_reduce_sum(torch.tensor([len(mask), mask.sum().item()], dtype=torch.float64))
-        return {"num_sequences": counts[0].item(), "num_tokens": counts[1].item(), "max_len": self.task.max_new_tokens}
-
+    @record_function("grpo.logprobs")
     def logps(self, model, rollouts, rows, with_entropy=False):
         """Log-probs [rows, C] of the completion tokens under `model` (and their entropies, else None)."""
         out = completion_logprobs(model, rollouts.prompt_ids[rows], rollouts.prompt_mask[rows],
@@ -300,20 +330,7 @@ class GRPO:
         with torch.no_grad(), lora.adapters_disabled(self.model):
             return [self.logps(reference, rollouts, rows)[0] for rows in batches]
 
-    def gradient_log(self, passes, rollouts):
-        """The log of the update: loss, clipped fractions, KL, entropy and gradient norm, over all ranks,
-        from each pass's sums (policy_gradient's, with the clipped gradient's norm as "grad_norm")."""
-        keys = ("loss", "clip_low", "clip_high", "kl", "entropy")
-        local = torch.tensor([sum(p[k] for p in passes) for k in keys], dtype=torch.float64)
-        loss, clip_low, clip_high, kl, entropy = distributed.all_reduce_sum(local).tolist()
-        n, tokens = len(passes), self.normalisers(rollouts.completion_mask)["num_tokens"]
-        out = {"loss": loss / n, "entropy": entropy / tokens, "clip_low": clip_low / (n * tokens),
-               "clip_high": clip_high / (n * tokens), "grad_norm": sum(p["grad_norm"] for p in passes) / n}
-        if self.config.beta > 0:
-            out["kl"] = kl / (n * tokens)
-        return out
-
-    def log(self, scores, update_log):
+    def step_log(self, scores, update_log):
         """A step's log row: the batch's rewards and lengths around the update's log."""
         rewards, correct = scores.rewards, scores.correct
         return {"reward_mean": rewards.mean().item(), "reward_std": rewards.std().item(),

@@ -3,7 +3,7 @@
 GRPO explores only through token sampling, and temperature only rescales the logits. 3PO also explores
 in weight space: IVON (minies/ivon.py) keeps a posterior N(θ, diag(σ²)) over the trained weights,
 σ = 1/sqrt(λ·(h+δ)), and rollouts are generated at weight samples θ̂ = θ + σ⊙u drawn from it. The loss
-is GRPO's (minies/grpo.py) with one update per batch, so its token ratio is 1 and its gradient is the
+is GRPO's (minies/grpo.py) with one pass per batch, so its token ratio is 1 and its gradient is the
 policy gradient. That gradient ĝ is taken at a weight sample θ̂ = θ + d; IVON turns it into the step on θ
 and, through f = ĝ⊙d/σ², into its Hessian estimate h, which sets how far later samples explore.
 
@@ -44,7 +44,10 @@ must agree across processes: the gradient averaged over processes is the gradien
 IVON's Hessian sample pairs it with that θ̂'s d. IVON's step is then the same on every process, so the
 means stay identical without being communicated.
 
-With --load-in-8bit, GRPO's LoRA adapters are the trained parameters: IVON's posterior is over them.
+IVON is GRPO's optimizer hook (GRPO.make_optimizer) filled in, and takes one step per batch, after the
+gradients at all of the step's weight samples: 3PO has no --optim and no --updates-per-batch. It keeps
+fp32 masters of bfloat16 or float16 weights in its own state. With --load-in-8bit, GRPO's LoRA adapters
+are the trained parameters: IVON's posterior is over them.
 
 Why these defaults: docs/tuning.md.
 """
@@ -55,19 +58,18 @@ import torch
 
 from minies import UserError, distributed
 from minies.config import option
-from minies.grpo import GRPO, GRPOConfig
+from minies.grpo import GRPO, PolicyGradientConfig
 from minies.ivon import IVON
 from minies.rollout import concat_rollouts, pad_right
 
 
 @dataclass
-class ThreePOConfig(GRPOConfig):
-    # Redefined GRPO fields (same flags, 3PO's meaning and defaults).
+class ThreePOConfig(PolicyGradientConfig):
+    """GRPO's flags but its optimizer's: 3PO trains with IVON and takes one IVON step per batch, after the
+    gradients at all of the step's weight samples (so it has no --optim and no --updates-per-batch)."""
+    # GRPO's flag, IVON's meaning and default.
     lr: float = option(1.0, "IVON learning rate; each weight moves by at most lr·(h0+δ)·clip_radius per step",
                        check="positive")
-    optim: str = option("ivon", "optimizer: 3PO trains with IVON", choices=["ivon"])
-    updates_per_batch: int = option(1, "optimizer steps per batch: 3PO takes one IVON step", choices=[1],
-                                    check="positive")
     # IVON (docs/papers.md). The paper's values, except lr and clip_radius: see docs/tuning.md.
     ess: float = option(1e9, "IVON effective sample size λ: larger means a narrower posterior", check="positive")
     hess_init: float = option(1e-3, "IVON initial Hessian h0; the posterior std starts at 1/sqrt(ess·h0) = 1e-3",
@@ -117,23 +119,15 @@ def sequence_weights(logps, behaviour_logps, mask, truncate=2.0, keep_min=0.5, k
 
 class ThreePO(GRPO):
     """What the three variants share: IVON over GRPO's trained parameters (all weights, or the LoRA
-    adapters), and GRPO's update reduced to its gradient, since IVON steps only after the gradients at
-    the step's weight samples have been collected (on leaving `sampled_params`)."""
+    adapters), through GRPO's optimizer hook, and GRPO's update reduced to one pass of its policy
+    gradient, ĝ, left in p.grad at the weights in place: IVON collects it on leaving `sampled_params`
+    and steps once the gradients at all of the step's weight samples are in."""
 
-    def __init__(self, model, tokenizer, task, config, chat_template=True):
-        super().__init__(model, tokenizer, task, config, chat_template)
-        c = config
-        # Replaces the AdamW that GRPO built (it holds no state before its first step).
-        self.optimizer = IVON(self.params, lr=c.lr, ess=c.ess, hess_init=c.hess_init, beta1=c.beta1,
-                              beta2=c.beta2, weight_decay=c.weight_decay, clip_radius=c.clip_radius,
-                              rescale_lr=c.rescale_lr)
-
-    def gradient(self, rollouts, advantages):
-        """ĝ: GRPO's clipped policy gradient at the weights in place (one pass, so its token ratio is 1),
-        left in p.grad for IVON to collect when the weight sample is put back; returns its log."""
-        sums, _ = self.policy_gradient(rollouts, advantages)
-        sums["grad_norm"] = self.clip_gradient()
-        return self.gradient_log([sums], rollouts)
+    def make_optimizer(self, params):
+        """IVON, which keeps fp32 masters of half-precision parameters in its own state (minies/ivon.py)."""
+        c = self.config
+        return IVON(params, lr=c.lr, ess=c.ess, hess_init=c.hess_init, beta1=c.beta1, beta2=c.beta2,
+                    weight_decay=c.weight_decay, clip_radius=c.clip_radius, rescale_lr=c.rescale_lr)
 
     def posterior_stats(self):
         return {"sigma_mean": self.optimizer.mean_std(), "hess_mean": self.optimizer.mean_hess()}
@@ -142,7 +136,6 @@ class ThreePO(GRPO):
 class B3PO(ThreePO):
     """One weight sample per step: rollouts and gradient both at θ̂."""
 
-    samples = 1
     default_steps = 200  # about as long as GRPO's: one generation and one backward per step
 
     def step(self, problems, seed):
@@ -150,7 +143,7 @@ class B3PO(ThreePO):
         with self.optimizer.sampled_params(train=True, seed=weight_seed):  # θ̂ ~ q, in place of θ
             rollouts, scores = self.sample(problems, seed)  # G rollouts per prompt at θ̂
             advantages = self.advantages(scores.rewards)  # A within each group
-            log = self.log(scores, self.gradient(rollouts, advantages))  # ĝ = ∇L_GRPO(θ̂)
+            log = self.step_log(scores, self.policy_gradient(rollouts, advantages))  # ĝ = ∇L_GRPO(θ̂)
         # Leaving the block put θ back and gave IVON ĝ and ĝ⊙d/σ²: its step on θ and its Hessian estimate.
         self.optimizer.step()
         return {**log, **self.posterior_stats()}
@@ -174,7 +167,8 @@ class M3PO(ThreePO):
             with self.optimizer.sampled_params(train=True, seed=weight_seed):  # θ̂_m ~ q; p.grad starts at 0
                 rollouts, scores = self.sample(problems, seed * self.samples + m)  # G rollouts per prompt at θ̂_m
                 advantages = self.advantages(scores.rewards)  # A within this sample's groups
-                logs.append(self.log(scores, self.gradient(rollouts, advantages)))  # ĝ_m = ∇L_GRPO(θ̂_m)
+                gradient_log = self.policy_gradient(rollouts, advantages)  # ĝ_m = ∇L_GRPO(θ̂_m)
+                logs.append(self.step_log(scores, gradient_log))
             # On leaving the block IVON adds ĝ_m and ĝ_m⊙d_m/σ² to the step's averages and puts θ back.
         self.optimizer.step()  # one IVON step with ĝ = (1/M)·Σ_m ĝ_m and f = (1/M)·Σ_m ĝ_m⊙d_m/σ²
         return {**average_logs(logs), **self.posterior_stats()}
@@ -212,12 +206,12 @@ class C3PO(ThreePO):
             weights, log_ratio = sequence_weights(self.token_logps(rollouts), behaviour_logps,
                                                   rollouts.completion_mask.float(), cfg.ratio_truncate,
                                                   cfg.ratio_keep_min, cfg.ratio_keep_max)
-            update_log = self.gradient(rollouts, advantages * weights)  # ĝ = ∇L_GRPO(θ̂_0) with w_i·A_i
+            update_log = self.policy_gradient(rollouts, advantages * weights)  # ĝ = ∇L_GRPO(θ̂_0) with w_i·A_i
         self.optimizer.step()  # IVON, as in B3PO
         kept, count, abs_log = distributed.all_reduce_sum(torch.tensor(
             [weights.gt(0).sum().item(), len(weights), log_ratio.abs().sum().item()], dtype=torch.float64)).tolist()
         update_log.update(ratio_kept=kept / count, log_ratio_abs=abs_log / count)
-        return {**self.log(scores, update_log), **self.posterior_stats()}
+        return {**self.step_log(scores, update_log), **self.posterior_stats()}
 
     def sample_chunks(self, prompts, seed, chunk_seeds):
         """Rollouts of `prompts` (each group's G copies side by side) whose chunk n, completions

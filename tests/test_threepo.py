@@ -1,6 +1,7 @@
 """3PO: the sequence importance weights by hand, exact restore of the mean, M3PO's average of the
 per-sample gradients, C3PO's chunk bookkeeping and pooled advantages, two processes, and
 b3po / m3po / c3po end to end through train.py."""
+import dataclasses
 import json
 import math
 
@@ -12,6 +13,7 @@ import torch.multiprocessing as mp
 from conftest import finish, start_script
 from conftest import no_grad_logps as logps
 from minies.grpo import GRPO, group_advantages
+from minies.ivon import IVON
 from minies.models import load_model, load_tokenizer
 from minies.rollout import format_prompts, generate
 from minies.tasks import Arithmetic, Score
@@ -31,8 +33,8 @@ def make(model_dir, name, task=None, **overrides):
     return cls(load_model(model_dir, device="cpu"), load_tokenizer(model_dir), task or Arithmetic(test_size=20), config)
 
 
-# policy_gradient's sums when a stub replaces it: nothing to log.
-NO_SUMS = dict.fromkeys(["loss", "clip_low", "clip_high", "kl", "entropy"], 0.0)
+# policy_gradient's log when a stub replaces it: nothing to log.
+STUB_LOG = dict.fromkeys(["loss", "clip_low", "clip_high", "grad_norm", "entropy"], 0.0)
 
 
 def weights(algo):
@@ -60,11 +62,19 @@ def test_sequence_weights_by_hand():
     torch.testing.assert_close(w, torch.tensor([1.5, 2.0, 0, 0.55, 1.9, 2.0], dtype=torch.float64))
 
 
+def test_3po_has_ivon_in_place_of_grpos_optimizer_flags():
+    """IVON through GRPO's optimizer hook, one step per batch: --optim and --updates-per-batch have nothing
+    to choose."""
+    fields = {f.name for f in dataclasses.fields(C3POConfig)}
+    assert {"lr", "ess", "hess_init", "chunks"} <= fields and not {"optim", "updates_per_batch"} & fields
+
+
 @pytest.mark.parametrize("name,samples", [("b3po", 1), ("m3po", 2), ("c3po", 1)])
 def test_mean_is_restored_exactly(tiny_model_dir, name, samples, monkeypatch):
     """A whole step without IVON's update (rollouts and gradients at weight samples) leaves the
     weights bit for bit as they were; the samples' gradients wait in IVON for its step."""
     algo = make(tiny_model_dir, name)
+    assert isinstance(algo.optimizer, IVON)
     before = weights(algo)
     monkeypatch.setattr(algo.optimizer, "step", lambda: None)
     stats = algo.step(algo.task.train_problems(2, seed=0), 0)
@@ -86,14 +96,13 @@ def test_m3po_step_averages_the_samples_gradients(tiny_model_dir, monkeypatch):
     theta = weights(algo)
     sampled = []
 
-    def stub_gradient(self, rollouts, advantages, old=None):
+    def stub_gradient(self, rollouts, advantages, old=None):  # unclipped
         sampled.append(weights(self))
         for p, mean in zip(self.params, theta):
             p.grad = p.detach() - mean if p.grad is None else p.grad + (p.detach() - mean)
-        return NO_SUMS.copy(), old
+        return STUB_LOG.copy()
 
     monkeypatch.setattr(GRPO, "policy_gradient", stub_gradient)
-    monkeypatch.setattr(GRPO, "clip_gradient", lambda self: 0.0)  # the stub gradient is kept as it is
     algo.step(algo.task.train_problems(2, seed=0), 0)
     assert len(sampled) == 3 and not torch.equal(sampled[0][0], sampled[1][0])
     cfg, opt = algo.config, algo.optimizer
@@ -140,7 +149,7 @@ def test_c3po_chunks_and_pooled_advantages(tiny_model_dir, monkeypatch):
 
     def stub_gradient(self, rollouts, advantages, old=None):
         seen.update(rollouts=rollouts, advantages=advantages.clone(), fresh=logps(self.model, rollouts))
-        return NO_SUMS.copy(), old
+        return STUB_LOG.copy()
 
     monkeypatch.setattr(GRPO, "policy_gradient", stub_gradient)
     sample_chunks = algo.sample_chunks
