@@ -1,12 +1,12 @@
 """Qwen2.5's shapes and formats without its weights: for testing the real-model path with no download.
 
-    python -m bench.qwen_shapes        # prints the memory table of notes/memory.md (computed, not measured)
+    python -m bench.qwen_shapes        # prints the memory table of docs/real-models.md (computed, not measured)
 
 - QWEN2_SHAPES: the public config values of Qwen2.5-0.5B/1.5B/7B(-Instruct) (their config.json files);
 - scaled_shape: the same architecture a thousand times smaller, for CPU tests;
 - chatml_tokenizer: a byte-level tokenizer with Qwen2.5's special tokens and ChatML chat template;
 - save_random_qwen2: a randomly initialised Qwen2ForCausalLM + that tokenizer, saved like a hub model;
-- parameter_count / memory_rows: bytes per parameter of every method, read off the code (notes/memory.md).
+- parameter_count / memory_rows: bytes per parameter of every method, read off the code (docs/real-models.md).
 """
 import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers
@@ -100,16 +100,19 @@ def parameter_count(shape, lora_rank=0):
 
 def memory_rows(shape):
     """(method, weights, device bytes, host bytes) for each method on a model of `shape`: weights and
-    optimizer/ES state only (no activations, KV cache or logits). Bytes per parameter as in notes/memory.md."""
+    optimizer/ES state only (no activations, KV cache or logits). Bytes per parameter as in docs/real-models.md."""
     c = parameter_count(shape, lora_rank=16)
     bf16, int8 = 2 * c["total"], c["linear"] + 4 * c["rows"] + 2 * c["other"]  # the weights as loaded
     # ES on the largest tensor: writing it holds σ·ε (computed in the fp32 noise itself) and, with the masters
     # in host memory (--master-device cpu), the master copied to the device; the update holds Σ c·ε and one ε
     es_temp = 8 * c["largest"]
+    # AdamW on fp32 values (masters, adapters): the value 4, two moments 8, at the step the fp32 gradient 4 and
+    # the sqrt of the second moments that the foreach implementation (CUDA's default) makes for all at once, 4
+    adamw = 20
     return [("ES in-place / lowrank", "bfloat16", bf16 + es_temp, 8 * c["total"]),
             ("ES in-place / lowrank", "8-bit", int8 + es_temp, 8 * c["total"]),
-            ("GRPO, full, AdamW", "bfloat16", 4 * bf16, 0),
-            ("GRPO, LoRA r=16, AdamW", "8-bit", int8 + 16 * c["lora"], 0),
+            ("GRPO, full, AdamW", "bfloat16", bf16 + adamw * c["total"], 0),
+            ("GRPO, LoRA r=16, AdamW", "8-bit", int8 + adamw * c["lora"], 0),
             ("3PO, full, IVON", "bfloat16", 17 * bf16, 0),
             ("3PO, LoRA r=16, IVON", "8-bit", int8 + 36 * c["lora"], 0)]
 

@@ -25,9 +25,10 @@ shared between processes under DistributedDataParallel. Every normaliser above (
 whole batch's, over all micro-batches and ranks, so the sum of the parts' losses is the loss of the
 batch and the gradient does not depend on how it was cut.
 
-A model loaded in 8-bit cannot be trained directly: LoRA adapters (minies/lora.py) are trained beside
-the frozen int8 weights, the reference policy is the base with the adapters switched off, and
-checkpoints hold the merged float model.
+A bfloat16 or float16 model is trained through fp32 masters (minies/masters.py): AdamW and its state act
+on fp32 copies of the weights, and the model holds their rounding. A model loaded in 8-bit cannot be
+trained directly: LoRA adapters (minies/lora.py) are trained beside the frozen int8 weights, the
+reference policy is the base with the adapters switched off, and checkpoints hold the merged float model.
 """
 import contextlib
 import copy
@@ -42,6 +43,7 @@ from torch.profiler import record_function
 from minies import UserError, distributed, lora
 from minies.config import option
 from minies.guard import check_finite
+from minies.masters import MasterWeights
 from minies.models import model_device
 from minies.rollout import completion_logprobs, generate, logits_rows
 
@@ -79,7 +81,8 @@ class PolicyGradientConfig:
 
 @dataclass
 class GRPOConfig(PolicyGradientConfig):
-    optim: str = option("adamw", "optimizer: torch AdamW, or bitsandbytes' 8-bit AdamW", choices=["adamw", "adamw8bit"])
+    optim: str = option("adamw", "optimizer: torch AdamW, or bitsandbytes' 8-bit AdamW (either on fp32 masters "
+                        "of half-precision weights)", choices=["adamw", "adamw8bit"])
     updates_per_batch: int = option(1, "optimizer steps on each batch of completions (μ)", check="positive")
 
 
@@ -188,14 +191,15 @@ class GRPO:
         self.policy = DistributedDataParallel(model, forward_sync_buffers=False) if world > 1 else model
 
     def make_optimizer(self, params):
-        """The optimizer of the trained parameters: 3PO's hook, where ThreePO puts IVON. GRPO's is AdamW, or
-        bitsandbytes' 8-bit AdamW."""
+        """The optimizer of the trained parameters: 3PO's hook, where ThreePO puts IVON. GRPO's is AdamW (or
+        bitsandbytes' 8-bit AdamW) on fp32 masters of half-precision parameters (minies/masters.py); a
+        float32 parameter, such as a LoRA adapter, is its own master."""
         if self.config.optim == "adamw8bit":
             import bitsandbytes as bnb
             adamw = bnb.optim.AdamW8bit
         else:
             adamw = torch.optim.AdamW
-        return adamw(params, lr=self.config.lr, weight_decay=0.0)
+        return MasterWeights(params, lambda masters: adamw(masters, lr=self.config.lr, weight_decay=0.0))
 
     def step(self, problems, seed):
         """Sample, score and update on `problems` (the same list on every rank); returns the log."""
@@ -342,7 +346,8 @@ class GRPO:
                 "truncated_rate": scores.truncated.mean().item(), "tokens": int(scores.lengths.sum().item())}
 
     def state_dict(self):
-        """The trained weights (the adapters alone under LoRA) and the optimizer state."""
+        """The trained weights (the adapters alone under LoRA) and the optimizer's state, which holds the
+        fp32 masters of half-precision weights."""
         weights = {name: p.detach() for name, p in self.model.named_parameters() if p.requires_grad}
         return {"weights": weights, "optimizer": self.optimizer.state_dict()}
 

@@ -1,6 +1,6 @@
 """GRPO: the loss by hand, clipping, exact micro-batch and multi-process aggregation, zero-advantage
-groups, the EOS token, KL, learning on a fixed batch, the logits cap on every pass over completions
-(GRPO's, 3PO's and the evaluation's), exact resume."""
+groups, the EOS token, KL, learning on a fixed batch, fp32 masters of bfloat16 weights, the logits cap on
+every pass over completions (GRPO's, 3PO's and the evaluation's), exact resume."""
 import io
 import math
 
@@ -25,9 +25,9 @@ SMALL = {"prompts": 4, "group_size": 4, "micro_batch": 8}
 pytestmark = pytest.mark.usefixtures("one_thread")  # from conftest.py
 
 
-def make_grpo(model_dir, load_in_8bit=False, **overrides):
+def make_grpo(model_dir, load_in_8bit=False, dtype="float32", **overrides):
     torch.manual_seed(0)  # the adapters' initialisation, as train.py seeds it
-    model = load_model(model_dir, load_in_8bit=load_in_8bit, device="cpu")
+    model = load_model(model_dir, dtype, load_in_8bit=load_in_8bit, device="cpu")
     return GRPO(model, load_tokenizer(model_dir), DenseArithmetic(test_size=20), GRPOConfig(**{**SMALL, **overrides}))
 
 
@@ -269,9 +269,54 @@ def test_the_evaluation_keeps_to_the_logits_cap(tiny_model_dir, tokenizer, monke
     assert capped == pytest.approx(plain, rel=1e-5)
 
 
-@pytest.mark.parametrize("eightbit,optim", [(False, "adamw"), (True, "adamw8bit")])
-def test_resume_is_exact(tiny_model_dir, eightbit, optim):
-    kwargs = dict(lora_rank=4 if eightbit else 0, optim=optim, beta=0.05)
+# bfloat16 weights, fp32 masters ---------------------------------------------------------------------------
+
+def test_bfloat16_weights_are_the_rounding_of_fp32_masters_that_step_like_fp32_adamw(tiny_model_dir):
+    """At lr 1e-6 AdamW steps fp32 masters of the bfloat16 weights: they move as an fp32 AdamW given the same
+    gradients, and after each step the model holds exactly their rounding."""
+    algo = make_grpo(tiny_model_dir, dtype="bfloat16", lr=1e-6)
+    masters = algo.optimizer.masters
+    assert all(p.dtype == torch.bfloat16 and m.dtype == torch.float32 for p, m in zip(algo.params, masters))
+    reference = [m.detach().clone() for m in masters]
+    adamw = torch.optim.AdamW(reference, lr=1e-6, weight_decay=0.0)
+    given = []  # the gradients the masters' AdamW is given, at each step
+    algo.optimizer.optimizer.register_step_pre_hook(lambda *_: given.append([m.grad.clone() for m in masters]))
+    for step in range(5):
+        algo.step(algo.task.train_problems(4, seed=step), step)
+        for r, grad in zip(reference, given[-1]):
+            r.grad = grad
+        adamw.step()
+        for p, master, r in zip(algo.params, masters, reference):
+            torch.testing.assert_close(master, r, rtol=1e-6, atol=1e-9)
+            assert torch.equal(p, master.to(torch.bfloat16))
+
+
+def marking_nonzero(seen):
+    """A gradient hook that marks in `seen` the elements whose gradient is not zero."""
+    def hook(grad):
+        seen.logical_or_(grad != 0)
+    return hook
+
+
+def test_small_steps_add_up_in_bfloat16(tiny_model_dir):
+    """Five steps at lr 1e-6 move the trained values (what the optimizer steps) of nearly every bfloat16 weight
+    that had a gradient; AdamW on the bfloat16 weights themselves moves 1.5% of them and rounds the rest away."""
+    algo = make_grpo(tiny_model_dir, dtype="bfloat16", lr=1e-6)
+    trained = [t for group in algo.optimizer.param_groups for t in group["params"]]
+    start = [t.detach().clone() for t in trained]
+    had_gradient = [torch.zeros_like(p, dtype=torch.bool) for p in algo.params]
+    for p, seen in zip(algo.params, had_gradient):
+        p.register_hook(marking_nonzero(seen))
+    for step in range(5):
+        algo.step(algo.task.train_problems(4, seed=step), step)
+    moved = sum(int((t != s)[seen].sum()) for t, s, seen in zip(trained, start, had_gradient))
+    assert moved / sum(int(seen.sum()) for seen in had_gradient) > 0.99
+
+
+@pytest.mark.parametrize("eightbit,optim,dtype", [(False, "adamw", "float32"), (True, "adamw8bit", "float32"),
+                                                 (False, "adamw", "bfloat16"), (False, "adamw8bit", "bfloat16")])
+def test_resume_is_exact(tiny_model_dir, eightbit, optim, dtype):
+    kwargs = dict(lora_rank=4 if eightbit else 0, optim=optim, beta=0.05, dtype=dtype)
     problems = [Arithmetic(test_size=20).train_problems(4, seed=s) for s in range(3)]
     straight = make_grpo(tiny_model_dir, eightbit, **kwargs)
     for s in range(3):
@@ -287,6 +332,7 @@ def test_resume_is_exact(tiny_model_dir, eightbit, optim):
     resumed.step(problems[2], 2)
     a, b = trainable(straight), trainable(resumed)
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    assert all(torch.equal(x, y) for x, y in zip(straight.optimizer.masters, resumed.optimizer.masters))
     if eightbit:
         assert all("lora_" in k for k in a)  # only the adapters are trained and kept
 
