@@ -8,7 +8,7 @@ import torch
 from tqdm import tqdm
 
 from minies.metrics import masked_mean, mean_pass_at_k
-from minies.rollout import completion_logprobs, generate, logits_rows
+from minies.rollout import completion_logprobs, generate
 
 
 def score_rollouts(task, problems, texts):
@@ -42,9 +42,8 @@ def evaluate(model, tokenizer, task, problems, n=16, ks=(1, 16), temperature=1.0
             malformed += [sc.malformed for sc in scores]
             format_credit += [sc.format for sc in scores]
             truncated += r.truncated.tolist()
-            chunk = logits_rows(r.completion_ids.shape[1], model.config.vocab_size, micro_batch)
             _, ent = completion_logprobs(model, r.prompt_ids, r.prompt_mask, r.completion_ids, r.completion_mask,
-                                         temperature, with_entropy=True, chunk=chunk)
+                                         temperature, with_entropy=True, chunk=micro_batch)
             entropy.append(masked_mean(ent, r.completion_mask) * r.completion_mask.sum().item())
             length.append(r.completion_mask.sum().item())
         for k in ks:
