@@ -75,6 +75,8 @@ def save_random_qwen2(out_dir, shape, dtype="float32", seed=0):
                          eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id, bos_token_id=None)
     model = Qwen2ForCausalLM(config).to(getattr(torch, dtype)).eval()
     model.generation_config.top_k = None  # sample from the full distribution, as the shipped model does
+    # Qwen2.5-Instruct's generation_config.json lists two end tokens: <|im_end|> and <|endoftext|>.
+    model.generation_config.eos_token_id = [tok.eos_token_id, tok.convert_tokens_to_ids("<|endoftext|>")]
     model.save_pretrained(out_dir)
     tok.save_pretrained(out_dir)
     return str(out_dir)
