@@ -161,6 +161,8 @@ def test_generation_stops_at_every_end_token_the_model_declares(qwen_dir, one_th
 
     model, tok = load_model(qwen_dir, device="cpu"), load_tokenizer(qwen_dir)
     end_of_text = tok.convert_tokens_to_ids("<|endoftext|>")
+    assert stop_token_ids(model, tok) == sorted([tok.eos_token_id, end_of_text])  # saved as Qwen2.5-Instruct's
+    model.generation_config.eos_token_id = tok.eos_token_id  # first, a model that declares only its EOS
     prompts = [tok.apply_chat_template([{"role": "user", "content": q}], tokenize=False, add_generation_prompt=True)
                for q in ("1 2 3", "using 10, 20 and 35, make 45")]
     plain = generate(model, tok, prompts, max_new_tokens=8, greedy=True)
