@@ -9,19 +9,10 @@ from minies import UserError, distributed
 def choose_mode(prompts, population, micro_batch):
     """`lowrank` or `inplace` for a step of `prompts` rows per member, `population` members on this
     process and `micro_batch` rows per generate call: lowrank when a generate call holds two members or
-    more, else in place.
-
-    From bench.es on the shipped model (docs/speed.md, "Choosing the mode"; 2-core CPU, one thread, N=32
-    unless noted), lowrank ÷ in-place members/s with k members per generate call: P=16: 2.75x (k=32),
-    0.92x (k=1); P=64: 1.37x (k=16); P=128: 0.94x (k=8); P=256: 0.92x (k=4; 0.90-1.17x with two
-    threads), 0.90x (N=8, k=1); a Qwen2.5-0.5B-shaped model at P=8: 5.8-5.9x (k=4, two threads).
-    Lowrank batches members, and in place pays for writing every perturbed weight for every member; with
-    one member per call lowrank has nothing to batch, and its forward hooks and per-call factor set-up
-    cost more than the writes. From P=128 on (one thread; with two threads, from P=256: lowrank is 1.58x at
-    P=128) the two are close on this small model, and lowrank's cost does not grow with the model's size
-    the way in place's writes and noise draws do.
-    On CUDA nothing is measured yet; writing the weights there runs near memory bandwidth, which only
-    strengthens the case for in place with one member per call."""
+    more, else in place. Lowrank batches members, while in place writes every perturbed weight for every
+    member; with one member per call lowrank has nothing to batch, and its forward hooks and per-call
+    factor set-up cost more than those writes. The measurements behind the rule: docs/speed.md, "Choosing
+    the mode"."""
     return "lowrank" if min(micro_batch // prompts, population) >= 2 else "inplace"
 
 
