@@ -6,8 +6,10 @@
 
 Every number is measured in this one run, side by side, and printed as ratios:
 1. overhead: within a real step of each mode, the seconds outside scoring over those inside it (what the
-   step waits for besides generation: writing weights, the update, noise not drawn in the background);
-   and in place, the work itself: a step whose scoring is stubbed, over scoring the N members alone;
+   step waits for besides generation: writing weights, the update, noise not drawn in the background),
+   read from the torch.profiler range `es.rollout` of one more step run under the profiler (which slows
+   the range a little); and in place, the work itself: a step whose scoring is stubbed, over scoring the
+   N members alone;
 2. efficiency: generated tokens/s of an ES step over tokens/s of plain batched generation of the same
    N·P rows in the same chunks (the limit ES can approach), timed in turn with that mode's steps, for
    both modes; members/s of both modes;
@@ -30,19 +32,20 @@ import subprocess
 import sys
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import torch
+from torch.profiler import ProfilerActivity, profile
 
 from bench.qwen_shapes import QWEN_05B
 from minies.config import TaskOptions, add_arguments, from_args, option, option_of
-from minies.es import ES, ESConfig, member_seeds
+from minies.es import ES, ESConfig, ScoredRollouts, member_seeds
 from minies.models import SHIPPED_MODEL, load_model, load_tokenizer, model_device, prompt_style_for
 from minies.perturbed import noise
 from minies.placement import choose_mode
 from minies.rollout import format_prompts, generate
-from minies.tasks import get_task
+from minies.tasks import Score, get_task
 from train import TrainConfig
 
 
@@ -105,19 +108,21 @@ def make_es(args, model, tok, task, mode):
 
 
 def distinct_rewards(es):
-    """Add 1e-9·(i + 1) to the reward of the i-th row es.score scores (counting over all its calls). A
+    """Add 1e-9·(i + 1) to the reward of the i-th row es.rollout scores (counting over all its calls). A
     random model's rewards all tie, and ES skips the update of a tied step; with the offsets every member's
     mean reward differs, so the step makes its update, whose cost a real model's steps pay. The offsets
     change no timing and no memory: only which update is made."""
-    score, scored = es.score, [0]
+    rollout, scored = es.rollout, [0]
 
-    def score_distinct(problems, *args, **kwargs):
-        rewards, *rest = score(problems, *args, **kwargs)
-        offsets = 1e-9 * (scored[0] + np.arange(1, len(rewards) + 1))
-        scored[0] += len(rewards)
-        return (rewards + offsets, *rest)
+    def rollout_distinct(*args, **kwargs):
+        members = rollout(*args, **kwargs)
+        rows = sum(len(member.scores) for member in members)
+        offsets = iter(1e-9 * (scored[0] + np.arange(1, rows + 1)))
+        scored[0] += rows
+        return [member._replace(scores=[replace(s, reward=s.reward + next(offsets)) for s in member.scores])
+                for member in members]
 
-    es.score = score_distinct
+    es.rollout = rollout_distinct
 
 
 def sync(model):
@@ -153,24 +158,22 @@ def pinned_copy_seconds(es, model, repeats):
     return seconds
 
 
-def step_and_scoring(es, problems, model):
-    """(seconds of one ES step, seconds of it inside es.score, the step's log). What is outside scoring is
-    what the step waits for besides generation: writes, the update, noise not drawn in the background."""
-    score, scored = es.score, [0.0]
+def outside_scoring(es, problems, model):
+    """Of one ES step run under torch.profiler, the seconds outside its `es.rollout` range (generating and
+    scoring) over those inside it: what the step waits for besides generation (writes, the update, noise
+    not drawn in the background)."""
+    with profile(activities=[ProfilerActivity.CPU]) as profiled:
+        seconds, _ = timed(lambda: es.step(problems, seed=0), model)
+    inside = sum(event.cpu_time_total for event in profiled.key_averages() if event.key == "es.rollout") / 1e6
+    return (seconds - inside) / inside
 
-    def timed_score(*args, **kwargs):
-        start = time.perf_counter()
-        try:
-            return score(*args, **kwargs)
-        finally:
-            scored[0] += time.perf_counter() - start
 
-    es.score = timed_score
-    try:
-        seconds, stats = timed(lambda: es.step(problems, seed=0), model)
-    finally:
-        es.score = score
-    return seconds, scored[0], stats
+def stubbed_rollout(rewards):
+    """An ES.rollout that returns at once: each member it is asked for gets the next of `rewards` on every row,
+    without a token."""
+    return lambda problems, prompts, seed, copies, micro_batch: [
+        ScoredRollouts([Score(float(next(rewards)), False, False)] * len(problems), np.zeros(len(problems), bool),
+                       np.zeros(len(problems), int)) for _ in range(copies)]
 
 
 def speed(args):
@@ -194,31 +197,30 @@ def speed(args):
         plain_runs, steps = [], []
         for _ in range(args.repeats):
             plain_runs.append(timed(plain, model))
-            steps.append(step_and_scoring(es, problems, model))
+            steps.append(timed(lambda: es.step(problems, seed=0), model))
         plain_s, plain_tokens = min(plain_runs)
-        step_s, scored_s, stats = min(steps, key=lambda x: x[0])
+        step_s, stats = min(steps, key=lambda x: x[0])
         plain_tps = plain_tokens / plain_s
         result[mode] = {"step_s": step_s, "members_per_s": args.population / step_s, "plain_tokens_per_s": plain_tps,
                         "tokens_per_s": stats["tokens"] / step_s, "efficiency": stats["tokens"] / step_s / plain_tps,
-                        "outside_scoring": (step_s - scored_s) / scored_s}
+                        "outside_scoring": outside_scoring(es, problems, model)}
         if mode == "inplace":  # the work plain generation does not do, against the work it does
             members = member_seeds(0, args.population, True)
             noise_s, _ = timed(lambda: draw_noise(es, members), model, args.repeats)
             copy_s = pinned_copy_seconds(es, model, args.repeats) if model_device(model).type == "cuda" else 0.0
-            prompts = es.format(problems)
-            score_s, _ = timed(lambda: [es.score(problems, prompts, seed=0) for _ in members], model, args.repeats)
+            prompts = es.tokenize_prompts(problems)
+            score_s, _ = timed(lambda: [es.rollout(problems, prompts, 0, 1, args.micro_batch) for _ in members],
+                               model, args.repeats)
             # A step whose scoring returns at once: what is left is writing each member's weights, the restore
             # and the update, exactly as a step does them (the step's noise cache included).
-            rewards = iter(np.tile(np.linspace(0, 1, args.population), args.repeats))
-            es.score = lambda problems, *_: (np.full(len(problems), next(rewards)), np.zeros(len(problems), bool), 0,
-                                             ["0"] * len(problems))
+            es.rollout = stubbed_rollout(iter(np.tile(np.linspace(0, 1, args.population), args.repeats)))
             overhead_s, _ = timed(lambda: es.step(problems, seed=0), model, args.repeats)
             result[mode].update(overhead=overhead_s / score_s, overhead_s=overhead_s, score_s=score_s,
-                                noise_s=noise_s, noise_cache=es.noise.cached, copy_s=copy_s,
-                                masters=es.cfg.master_device, weights=sum(t.param.numel() for t in es.tensors))
+                                noise_s=noise_s, noise_cache=es.population.noise.cached, copy_s=copy_s,
+                                masters=es.config.master_device, weights=sum(t.param.numel() for t in es.tensors))
         for t, t0 in zip(es.tensors, es.theta0):  # undo this mode's steps before measuring the next one
             t.master.copy_(t0)
-            t.clean()
+            t.write_clean()
     return result
 
 
@@ -301,7 +303,7 @@ def step_time(args):
     seconds, _ = timed(lambda: es.step(problems, seed=1), model, args.repeats)
     main = distributed.is_main()  # asked before close(): after it every process would be rank 0
     distributed.close()
-    return [seconds, es.cfg.mode] if main else None
+    return [seconds, es.config.mode] if main else None
 
 
 def print_speed(args, r):

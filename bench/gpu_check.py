@@ -108,10 +108,10 @@ def restore_is_exact(model_dir, dtype, cycles):
     es = ES(model, tok, None, ESConfig(params=".*", mode="inplace"))
     for seed, sign in member_seeds(0, cycles, antithetic=True):
         for t in es.tensors:
-            t.perturbed(seed, sign, es.cfg.sigma)
+            t.write_perturbed(seed, sign, es.config.sigma)
         model(**ids)
         for t in es.tensors:
-            t.clean()
+            t.write_clean()
     after = snapshot(model)
     return all(torch.equal(before[name], after[name]) for name in before)
 

@@ -15,7 +15,8 @@ The update is the same seeded sum as in-place ES, one matmul per matrix added in
 
     θ ← θ + α·(1/N)·Σ_n z_n·E_n = θ + α/(N·√r) · [A_1 … A_N] · diag(z) · [B_1 … B_N]ᵀ
 
-accumulated in fp32 and applied to the same fp32 master copies as in-place ES (minies/perturbed.py).
+accumulated in fp32 and applied to the same fp32 master copies as in-place ES (minies/perturbed.py); a
+float32 weight is its own master here, as this mode never writes perturbed values into the model.
 
 The input embedding E [vocab, hidden] is a matrix too: a lookup of token t returns row E[t], so its
 hook adds σ·A_n[t]·B_nᵀ/√r to the looked-up rows. When the LM head is tied to it (logits = h·Eᵀ), the
@@ -28,16 +29,23 @@ import math
 import torch
 
 from minies.guard import check_finite
+from minies.perturbed import noise
 
 
 class LowRankPopulation:
-    def __init__(self, model, tensors, rank, noise):
-        """`tensors`: the ES's PerturbedTensors; `noise(seed, index, shape, device)`: its seeded N(0, 1) stream."""
-        self.rank, self.noise = rank, noise
+    """Lowrank ES's population: k members scored together in one batch, their noise added by forward hooks;
+    the update one matmul per matrix. Shares its interface with perturbed.InPlacePopulation: score_members,
+    add_update, end_step."""
+
+    def __init__(self, model, tensors, rank):
+        """`tensors`: the ES's PerturbedTensors; this mode keeps the weight matrices among them."""
+        self.rank = rank
         self.drawn = {}  # (seed, tensor index) -> this step's factors [out + in, r]
         embedding = model.get_input_embeddings()
         self.modules = matrix_modules(model, tensors)  # tensor index -> the modules whose forward uses it
         self.tensors = [t for t in tensors if t.index in self.modules]
+        for t in self.tensors:
+            t.share_param()  # a float32 weight is its own master: this mode never writes perturbed values
         # module -> (A stacked [k, r, out] with σ·sign/√r folded in, B stacked [k, r, in])
         self.active = {}
         for modules in self.modules.values():
@@ -46,11 +54,11 @@ class LowRankPopulation:
 
     def factors(self, seeds, t):
         """[len(seeds), out + in, r]: each member seed's A_n [out, r] above its B_n [in, r] for one tensor, in
-        fp32 on the tensor's device. A seed's are kept in `drawn` until the step ends (ES.step clears it):
-        scoring draws them and the update reuses them."""
+        fp32 on the tensor's device, from the same seeded stream as in-place ε (perturbed.noise). A seed's are
+        kept in `drawn` until the step ends (end_step): scoring draws them and the update reuses them."""
         for seed in seeds:
             if (seed, t.index) not in self.drawn:
-                self.drawn[(seed, t.index)] = self.noise(seed, t.index, (sum(t.param.shape), self.rank), t.param.device)
+                self.drawn[(seed, t.index)] = noise(seed, t.index, (sum(t.param.shape), self.rank), t.param.device)
         return torch.stack([self.drawn[(seed, t.index)] for seed in seeds])
 
     @contextlib.contextmanager
@@ -69,6 +77,19 @@ class LowRankPopulation:
             yield
         finally:
             self.active.clear()
+
+    def score_members(self, members, sigma, rollout, prompts, micro_batch):
+        """Yield (n, its rollout) for each (n, (seed, sign)) of `members`: k = micro_batch // prompts members
+        (at least one) per generate call, as rollout(k, k·prompts), rows member-major, each row block run at
+        its member's θ + σ·sign·E; the weights themselves stay clean. (When sampling, a row's random draws
+        depend on its place in the batch, so only greedy scoring gives every member exactly the same
+        sampling noise.)"""
+        per_call = max(1, micro_batch // prompts)
+        for start in range(0, len(members), per_call):
+            group = members[start:start + per_call]
+            with self.members([member for _, member in group], sigma):
+                rollouts = rollout(len(group), len(group) * prompts)
+            yield from zip([n for n, _ in group], rollouts)
 
     def hook(self, module, inputs, output):
         """A Linear's: += σ·sign·A(Bᵀx)/√r for each row block's member."""
@@ -103,6 +124,10 @@ class LowRankPopulation:
         a, b = a.to(t.master.device), b.to(t.master.device)
         t.master.addmm_(a, b.T)
         return float(((a.T @ a) * (b.T @ b)).sum())
+
+    def end_step(self):
+        """Forget the step's factors: the next step's members have other seeds."""
+        self.drawn.clear()
 
 
 def matrix_modules(model, tensors):

@@ -1,4 +1,5 @@
-"""What ES perturbs: the seeded noise ε, and each perturbed tensor's fp32 master and how it is written.
+"""In-place ES: the seeded noise ε, each perturbed tensor's fp32 master and how it is written, and the
+population whose members' weights are written into the model one after another (InPlacePopulation).
 
 Exact restore and lossless updates. Adding σ·ε and subtracting it again is not exact in floating
 point (in bf16 it changes ~7% of the elements per cycle). So the weights that matter live in an fp32
@@ -29,6 +30,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import torch
 
+from minies.guard import check_finite
 from minies.models import int8_row_scales
 
 NOISE_CACHE_BYTES = 2**30  # host memory a step's noise may take when StepNoise keeps it
@@ -84,7 +86,7 @@ class PerturbedTensor:
         self.master = self.dequantized().detach().float().to(device, copy=True)
         if device.type == "cpu" and param.device.type == "cuda":
             self.master = self.master.pin_memory()  # so that each member's copy to the device is asynchronous
-        self.clamped = 0  # int8 elements clamped to ±127 by perturbed writes, summed until the caller resets it
+        self.clamped = 0  # int8 elements clamped to ±127 by perturbed writes, summed until the reader resets it
 
     def dequantized(self):
         return self.param.float() * int8_row_scales(self.module) / 127 if self.int8 else self.param
@@ -110,15 +112,15 @@ class PerturbedTensor:
         if self.param.dtype == torch.float32 and self.param.device == self.master.device:
             self.master = self.param.detach()
 
-    def clean(self):
+    def write_clean(self):
         """Write the master itself. For int8 rows that an update moved past their scale, rescale (above):
         the model then always equals quantize(master), within half an int8 step per element."""
         if self.master.data_ptr() != self.param.data_ptr():  # else the param is the master (share_param)
             self.write(self.on_device(), rescale=True)
 
     @torch.no_grad()
-    def perturbed(self, seed, sign, sigma, eps=None):
-        """Write θ + sign·σ·ε. A given `eps` is left unchanged (ES's step cache hands it out again); else ε is
+    def write_perturbed(self, seed, sign, sigma, eps=None):
+        """Write θ + sign·σ·ε. A given `eps` is left unchanged (StepNoise hands it out again); else ε is
         regenerated from `seed` and turned into σ·ε in place, so that writing the largest tensor holds one
         fp32 tensor fewer (docs/real-models.md counts them)."""
         drawn = eps is None
@@ -132,3 +134,41 @@ class PerturbedTensor:
     def on_device(self):
         """The master on the param's device: itself when it lives there, else an asynchronous copy."""
         return self.master.to(self.param.device, non_blocking=True)
+
+
+class InPlacePopulation:
+    """In-place ES's population: each member scored with θ + σ·ε_n written into the model, one member at a
+    time; the update Σ c·ε regenerated from the seeds (StepNoise keeps them when that pays). Shares its
+    interface with eggroll.LowRankPopulation: score_members, add_update, end_step."""
+
+    def __init__(self, tensors, seeds, device):
+        """`tensors`: the PerturbedTensors; `seeds`: the distinct member seeds per step; `device`: the model's."""
+        self.tensors = tensors
+        self.noise = StepNoise(tensors, seeds, device)
+
+    def score_members(self, members, sigma, rollout, prompts, micro_batch):
+        """Yield (n, rollout(1, micro_batch)[0]) for each (n, (seed, sign)) of `members`, in turn, with
+        θ + sign·σ·ε_seed written into the model; the clean weights are written back after the last. A member
+        generates alone (its weights are the model's), its `prompts` rows in calls of `micro_batch` rows."""
+        for i, (n, (seed, sign)) in enumerate(members):
+            for t in self.tensors:  # ε from the step's cache when it keeps them, else drawn by write_perturbed
+                t.write_perturbed(seed, sign, sigma, eps=self.noise(seed, t) if self.noise.cached else None)
+            if i + 1 < len(members):
+                self.noise.prefetch(members[i + 1][1][0])  # the next member's ε, while this one is scored
+            yield n, rollout(1, micro_batch)[0]
+        for t in self.tensors:
+            t.write_clean()
+
+    def add_update(self, t, terms, scale):
+        """t.master += scale·Σ c·ε_seed over the (seed, c) terms, regenerating each ε from its seed (or
+        taking it from the step's cache). Returns the update's squared norm."""
+        direction = torch.zeros(t.param.shape, dtype=torch.float32, device=t.param.device)
+        for seed, c in terms:
+            direction.add_(self.noise(seed, t), alpha=c)
+        delta = check_finite(f"the update of {t.name}", scale * direction.to(t.master.device))  # before the master
+        t.master += delta
+        return float(delta.pow(2).sum())
+
+    def end_step(self):
+        """Forget the step's noise: the next step's members have other seeds."""
+        self.noise.clear()

@@ -204,7 +204,7 @@ def _nan_update(monkeypatch, step):
     def nan_step(self, problems, seed):
         calls.append(seed)
         if len(calls) == step:
-            self.cfg.alpha = math.nan
+            self.config.alpha = math.nan
         return original(self, problems, seed)
     monkeypatch.setattr(es.ES, "step", nan_step)
 

@@ -63,7 +63,7 @@ def test_bench_es_steps_make_an_update_even_when_every_reward_ties(tiny_model_di
             torch.manual_seed(0)
             es = make_es(args, load_model(tiny_model_dir, device="cpu"), load_tokenizer(tiny_model_dir), task, mode)
             if not distinct:
-                del es.score  # the plain method again
+                del es.rollout  # the plain method again
             logs.append(es.step(problems, seed=0))
         plain, bench = logs
         assert plain["all_tied"] and plain["update_norm"] == 0.0

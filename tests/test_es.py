@@ -1,4 +1,5 @@
 """ES: exact restore, lossless updates, ties, independent noise, 8-bit, torchrun and resume."""
+import itertools
 import os
 import subprocess
 import sys
@@ -10,10 +11,13 @@ from safetensors.torch import load_file
 
 from conftest import needs_cuda
 from minies import UserError
-from minies.es import ES, ESConfig, member_seeds, normalize_rewards
+from minies.analysis import answer_outcome
+from minies.eggroll import LowRankPopulation
+from minies.es import ES, ESConfig, ScoredRollouts, member_seeds, normalize_rewards
+from minies.es_log import drift
 from minies.models import int8_row_scales, load_model, load_tokenizer
 from minies.perturbed import PerturbedTensor, noise
-from minies.tasks import Arithmetic
+from minies.tasks import Arithmetic, Score
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -29,6 +33,18 @@ def make_es(model_dir, dtype="float32", load_in_8bit=False, device="cpu", **over
     return ES(model, load_tokenizer(model_dir), Arithmetic(test_size=50), cfg)
 
 
+def scored_rows(rows, reward, answer="7"):
+    """A member's ScoredRollouts on `rows` prompts: every row rewarded `reward`, answering `answer`."""
+    return ScoredRollouts([Score(reward, False, False, answer=answer)] * rows, np.zeros(rows, bool), np.ones(rows, int))
+
+
+def fake_rollout(rewards):
+    """An ES.rollout that generates nothing: each member it is asked for gets the next of `rewards` on every row."""
+    rewards = iter(rewards)
+    return lambda problems, prompts, seed, copies, micro_batch: [scored_rows(len(problems), next(rewards))
+                                                                 for _ in range(copies)]
+
+
 @pytest.mark.parametrize("dtype,eightbit", [("float32", False), ("bfloat16", False), ("float16", False),
                                             ("float32", True)])
 def test_restore_is_bit_exact_after_many_cycles(tiny_model_dir, dtype, eightbit):
@@ -37,12 +53,12 @@ def test_restore_is_bit_exact_after_many_cycles(tiny_model_dir, dtype, eightbit)
     before = weights(es.model)
     for seed, sign in member_seeds(123, 20, antithetic=True):
         for t in es.tensors:
-            t.perturbed(seed, sign, sigma=0.01)
+            t.write_perturbed(seed, sign, sigma=0.01)
         changed = [not torch.equal(t.param, before_t) for t, before_t in
                    zip(es.tensors, [before[n] for n in dict(es.model.named_parameters())])]
         assert any(changed)
         for t in es.tensors:
-            t.clean()
+            t.write_clean()
     after = weights(es.model)
     for name in before:
         assert torch.equal(before[name], after[name]), name
@@ -53,12 +69,12 @@ def test_update_below_bf16_spacing_moves_the_master():
     layer.weight.data.fill_(1.0)  # bf16 spacing at 1.0 is 2**-7
     t = PerturbedTensor(0, "weight", layer.weight, layer)
     t.master += 1e-3  # far below the spacing: a bf16 addition would lose it entirely
-    t.clean()
+    t.write_clean()
     assert torch.all(t.master == torch.tensor(1.0) + 1e-3)
     assert torch.equal(layer.weight, torch.ones(4, 4, dtype=torch.bfloat16))
     for _ in range(10):  # ten such steps add up in the master and finally show in bf16
         t.master += 1e-3
-    t.clean()
+    t.write_clean()
     assert torch.all(layer.weight > 1.0)
 
 
@@ -88,8 +104,7 @@ def test_normalize_rewards():
 
 def test_all_tied_step_changes_nothing(tiny_model_dir):
     es = make_es(tiny_model_dir)
-    es.score = lambda problems, prompts, seed: (np.full(len(problems), 0.1), np.zeros(len(problems), bool), 10,
-                                                ["7"] * len(problems))  # all the same
+    es.rollout = fake_rollout(itertools.repeat(0.1))  # all the same, with the same answers
     before = weights(es.model)
     stats = es.step(Arithmetic(test_size=50).train_problems(8, seed=0), seed=0)
     assert stats["all_tied"] and stats["update_norm"] == 0.0 and not np.isnan(stats["fitness_snr"])
@@ -103,9 +118,7 @@ def test_update_is_the_seeded_sum(tiny_model_dir, antithetic):
     """θ ← θ + α/N Σ z_n ε_n, with ε regenerated from the member seeds (ε_n = sign_n·ε_seed_n: a mirrored
     pair's two terms, which the update merges into one, are checked here one by one)."""
     es = make_es(tiny_model_dir, alpha=0.01, antithetic=antithetic)
-    fake = iter([0.0, 1.0, 3.0, 2.0])
-    es.score = lambda problems, prompts, seed: (np.full(len(problems), next(fake)), np.zeros(len(problems), bool), 10,
-                                                ["7"] * len(problems))
+    es.rollout = fake_rollout([0.0, 1.0, 3.0, 2.0])
     t = es.tensors[3]
     start = t.master.clone()
     es.step(Arithmetic(test_size=50).train_problems(8, seed=0), seed=11)
@@ -125,9 +138,8 @@ def test_8bit_steps_change_outputs_and_checkpoint_reloads(tiny_model_dir, tmp_pa
     before = es.model(ids).logits
     problems = Arithmetic(test_size=50).train_problems(8, seed=0)
     rewards = iter(range(100))
-    es.score_members = lambda members, mine, problems, prompts, seed: (
-        (n, np.full(len(problems), float(next(rewards))), np.zeros(len(problems), bool), 10, ["7"] * len(problems))
-        for n in mine)
+    es.population.score_members = lambda members, sigma, rollout, prompts, micro_batch: (
+        (n, scored_rows(prompts, float(next(rewards)))) for n, _ in members)
     for step in range(2):
         es.step(problems, seed=step)
     after = es.model(ids).logits
@@ -226,9 +238,8 @@ def test_lowrank_float32_param_is_its_own_master(tiny_model_dir):
 def test_lowrank_update_is_the_sum_of_rank_r_terms(tiny_model_dir):
     es = make_es(tiny_model_dir, alpha=0.01, antithetic=False, mode="lowrank", rank=3)
     fake = [0.0, 1.0, 3.0, 2.0]
-    es.score_members = lambda members, mine, problems, prompts, seed: (
-        (n, np.full(len(problems), fake[n]), np.zeros(len(problems), bool), 10, [str(n)] * len(problems))
-        for n in mine)
+    es.population.score_members = lambda members, sigma, rollout, prompts, micro_batch: (
+        (n, scored_rows(prompts, fake[n], answer=str(n))) for n, _ in members)
     t = es.tensors[2]
     starts = [u.master.clone() for u in es.tensors]
     start = starts[2]
@@ -253,11 +264,12 @@ def test_lowrank_scores_equal_scoring_each_member_alone(tiny_model_dir):
     es = make_es(tiny_model_dir, mode="lowrank", sigma=0.05, population=6, prompts_per_step=4)
     problems = Arithmetic(test_size=50).train_problems(4, seed=1)
     members = member_seeds(9, 6, antithetic=True)
-    es.cfg.micro_batch = 4 * 6  # all six members in one call
-    prompts = es.format(problems)
-    together = {n: (r, o) for n, r, _, _, o in es.score_members(members, list(range(6)), problems, prompts, seed=0)}
-    es.cfg.micro_batch = 4  # one member per call
-    alone = {n: (r, o) for n, r, _, _, o in es.score_members(members, list(range(6)), problems, prompts, seed=0)}
+    runs = []
+    for micro_batch in (4 * 6, 4):  # all six members in one call, then one member per call
+        es.config.micro_batch = micro_batch
+        runs.append({n: (r.rewards, [answer_outcome(s) for s in r.scores])
+                     for n, r in es.rollout_members(members, problems, seed=0).items()})
+    together, alone = runs
     assert all(np.array_equal(together[n][0], alone[n][0]) and together[n][1] == alone[n][1] for n in range(6))
 
 
@@ -270,7 +282,7 @@ def test_int8_update_past_a_row_scale_rescales_the_row(tiny_model_dir):
     old = int8_row_scales(t.module).clone()
     t.master[0, 0] = 3 * old[0, 0]  # far past row 0's largest |weight|
     t.master[1] *= 1.5  # a whole row grows
-    t.clean()
+    t.write_clean()
     scales = int8_row_scales(t.module)
     assert scales[0, 0] == pytest.approx(3 * old[0, 0]) and scales[1, 0] == pytest.approx(1.5 * old[1, 0])
     assert torch.equal(scales[2:], old[2:])  # rows the update kept inside their scale are untouched
@@ -286,10 +298,10 @@ def test_int8_clamps_are_counted(tiny_model_dir):
     for sigma in (1e-3, 0.1):
         for t in int8:
             t.clamped = 0
-            t.perturbed(seed=1, sign=1.0, sigma=sigma)
+            t.write_perturbed(seed=1, sign=1.0, sigma=sigma)
         fractions.append(sum(t.clamped for t in int8) / elements)
         for t in int8:
-            t.clean()
+            t.write_clean()
     assert 0 < fractions[0] < 0.02 < fractions[1]  # a few largest weights at small σ, many at large σ
 
 
@@ -311,18 +323,18 @@ def test_step_logs_truncation_and_int8_clamps(tiny_model_dir, eightbit):
                                             pytest.param("cuda", "cpu", marks=needs_cuda)])
 def test_drift_sums_over_chunks_to_the_distance_from_the_start(tiny_model_dir, monkeypatch, device, masters):
     """θ0 lives in host memory, pinned when the masters are on CUDA (drift streams it to them)."""
-    import minies.es
-    monkeypatch.setattr(minies.es, "DRIFT_CHUNK", 1000)  # many chunks per matrix, a partial one at each end
+    import minies.es_log
+    monkeypatch.setattr(minies.es_log, "DRIFT_CHUNK", 1000)  # many chunks per matrix, a partial one at each end
     es = make_es(tiny_model_dir, device=device, params=".*", master_device=masters)
-    assert all(t.master.device.type == es.cfg.master_device for t in es.tensors)
-    assert all(t0.device.type == "cpu" and t0.is_pinned() == (es.cfg.master_device == "cuda") for t0 in es.theta0)
-    assert es.drift() == 0.0
+    assert all(t.master.device.type == es.config.master_device for t in es.tensors)
+    assert all(t0.device.type == "cpu" and t0.is_pinned() == (es.config.master_device == "cuda") for t0 in es.theta0)
+    assert drift(es.tensors, es.theta0) == 0.0
     torch.manual_seed(0)
     for t in es.tensors:
         t.master += 0.01 * torch.randn_like(t.master)
     expected = sum(float((t.master.double().cpu() - t0.double()).pow(2).sum())
                    for t, t0 in zip(es.tensors, es.theta0))
-    assert es.drift() == pytest.approx(expected ** 0.5, rel=1e-5)
+    assert drift(es.tensors, es.theta0) == pytest.approx(expected ** 0.5, rel=1e-5)
 
 
 @pytest.mark.parametrize("antithetic,dtype", [(True, "float32"), (False, "float32"), (True, "bfloat16")])
@@ -337,11 +349,12 @@ def test_the_step_noise_cache_changes_no_result(tiny_model_dir, antithetic, dtyp
     runs = []
     for cache in (True, False):
         es = make_es(tiny_model_dir, dtype, antithetic=antithetic, params=".*")
-        assert es.noise.cached  # the test model's noise fits: the cache is on unless switched off
-        es.noise.cached = cache
+        noise_cache = es.population.noise
+        assert noise_cache.cached  # the test model's noise fits: the cache is on unless switched off
+        noise_cache.cached = cache
         draws.clear()
         logs = [es.step(task.train_problems(8, seed=step), step) for step in range(2)]
-        assert not es.noise.kept  # emptied after every step
+        assert not noise_cache.kept  # emptied after every step
         # Per step and tensor: with the cache one draw per distinct ε (2 mirrored pairs, or 4 members); without,
         # one per member's write plus one per ε in the update.
         if cache:
@@ -359,5 +372,6 @@ def test_the_step_noise_cache_changes_no_result(tiny_model_dir, antithetic, dtyp
 def test_the_noise_cache_stays_within_its_budget(tiny_model_dir, monkeypatch):
     import minies.perturbed
     monkeypatch.setattr(minies.perturbed, "NOISE_CACHE_BYTES", 1000)
-    assert not make_es(tiny_model_dir).noise.cached
-    assert make_es(tiny_model_dir, mode="lowrank").noise is None  # lowrank adds its noise in the forward pass
+    assert not make_es(tiny_model_dir).population.noise.cached
+    lowrank = make_es(tiny_model_dir, mode="lowrank").population
+    assert isinstance(lowrank, LowRankPopulation) and not hasattr(lowrank, "noise")  # its noise is in the forward pass

@@ -1,16 +1,17 @@
 """Where ES works: the mode `auto` picks from the batch shape, and where the fp32 masters live."""
 import json
 
-import numpy as np
 import pytest
 import torch
 
 from conftest import needs_cuda, run_in_process
 from minies import UserError
+from minies.eggroll import LowRankPopulation
 from minies.es import ES, ESConfig, member_seeds
 from minies.models import load_model, load_tokenizer
 from minies.placement import choose_mode, master_device
 from minies.tasks import Arithmetic
+from test_es import fake_rollout
 
 CPU, CUDA = torch.device("cpu"), torch.device("cuda", 0)
 
@@ -57,13 +58,14 @@ def test_es_records_the_resolved_mode_and_master_device(tiny_model_dir):
     assert ESConfig().mode == "auto"
     for mode, resolved in (("auto", "lowrank"), ("inplace", "inplace")):
         es = make_es(tiny_model_dir, mode=mode)
-        assert (es.cfg.mode, es.lowrank, es.cfg.master_device) == (resolved, resolved == "lowrank", "cpu")
+        lowrank = isinstance(es.population, LowRankPopulation)
+        assert (es.config.mode, lowrank, es.config.master_device) == (resolved, resolved == "lowrank", "cpu")
         assert all(t.master.device == CPU and not t.master.is_pinned() for t in es.tensors)
 
 
 def test_auto_stays_in_place_when_params_names_no_weight_matrix(tiny_model_dir):
     es = make_es(tiny_model_dir, params="norm")  # lowrank, had it anything to perturb
-    assert es.cfg.mode == "inplace" and es.tensors and all("norm" in t.name for t in es.tensors)
+    assert es.config.mode == "inplace" and es.tensors and all("norm" in t.name for t in es.tensors)
     with pytest.raises(UserError, match="lowrank mode perturbs"):
         make_es(tiny_model_dir, params="norm", mode="lowrank")
 
@@ -88,13 +90,11 @@ def test_masters_on_cuda_restore_and_update_like_pinned_host_masters(tiny_model_
         before = [t.param.detach().clone() for t in es.tensors]
         for seed, sign in member_seeds(5, 10, antithetic=True):
             for t in es.tensors:
-                t.perturbed(seed, sign, sigma=0.01)
+                t.write_perturbed(seed, sign, sigma=0.01)
             for t in es.tensors:
-                t.clean()
+                t.write_clean()
         assert all(torch.equal(b, t.param) for b, t in zip(before, es.tensors))
-        fake = iter([0.0, 1.0, 3.0, 2.0])
-        es.score = lambda problems, prompts, seed: (np.full(len(problems), next(fake)), np.zeros(len(problems), bool),
-                                                    10, ["7"] * len(problems))
+        es.rollout = fake_rollout([0.0, 1.0, 3.0, 2.0])
         log = es.step(Arithmetic(test_size=50).train_problems(8, seed=0), seed=11)
         state = es.state_dict()
         assert all(m.device == CPU for m in state["master"] + state["theta0"])

@@ -150,7 +150,7 @@ def test_writing_a_perturbed_tensor_holds_what_the_memory_table_counts(masters, 
     # On a CPU the master is already where the param is; on CUDA a host master is copied to the device.
     t.on_device = (lambda: t.master.clone()) if masters == "host" else (lambda: t.master)
     with torch.no_grad(), PeakBytes() as peak:
-        t.perturbed(seed=1, sign=1.0, sigma=0.01)
+        t.write_perturbed(seed=1, sign=1.0, sigma=0.01)
     assert peak.peak == expected * layer.weight.numel() and peak.live == 0
 
 
