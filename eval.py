@@ -26,14 +26,14 @@ from minies.tasks import get_task
 
 @dataclass
 class EvalConfig(TaskOptions, ModelOptions):
-    seed: int = option(0, "task split and sampling seed", check="non_negative")
+    seed: int = option(0, "task split and sampling seed", check="seed")
     problems: int = option(None, "held-out problems to use (default: all of the test split: 500 generated, or every "
-                           "row of --eval-data)", check="positive")
-    n: int = option(32, "samples per problem", check="positive")
+                           "row of --eval-data)", check="count")
+    n: int = option(32, "samples per problem", check="count")
     k: list = option((1, 4, 16, 32), "k values for pass@k; each >= 1 and <= n", nargs="+",
                      type=checked(int, "positive"))
-    temperature: float = option(1.0, "sampling temperature", check="positive")
-    micro_batch: int = option(256, "sequences per generate call", check="positive")
+    temperature: float = option(1.0, "sampling temperature", check="temperature")
+    micro_batch: int = option(256, "sequences per generate call", check="count")
     lenient_answers: bool = option(False, "gsm8k: when a completion has no answer tag and no \\boxed{}, take its last "
                                    "number (training rewards never do)")
     out: str = option(None, "also write the metrics to this JSON file")
@@ -60,16 +60,19 @@ def main(argv=None):
     if too_big:
         raise UserError(f"--k {' '.join(map(str, too_big))}: pass@k needs n >= k samples; raise --n to {max(too_big)}")
     if cfg.out:
-        if os.path.isdir(cfg.out):
+        if os.path.isdir(cfg.out) or cfg.out.endswith(("/", os.sep)):
             raise UserError(f"--out {cfg.out}: is a directory; give a file name")
         check_writable(os.path.dirname(cfg.out) or ".", "--out")
 
+    if cfg.lenient_answers and cfg.task != "gsm8k":
+        raise UserError(f"--lenient-answers: only --task gsm8k has a lenient reading; --task {cfg.task} reads "
+                        "answers one way only, so drop it")
     style = prompt_style_for(cfg.prompt_style, load_config(cfg.model))
     task = get_task(cfg.task, seed=cfg.seed, data=cfg.data, prompt_style=style, max_new_tokens=cfg.max_new_tokens,
                     lenient_answers=cfg.lenient_answers, eval_data=cfg.eval_data, train_problems=cfg.train_problems,
                     reward=cfg.reward)
-    if task.split_note:
-        print(f"note: {task.split_note}", file=sys.stderr)
+    for note in task.notes:
+        print(f"note: {note}", file=sys.stderr)
     tok = load_tokenizer(cfg.model)
     model = load_model(cfg.model, cfg.dtype, cfg.load_in_8bit)
     metrics = evaluate(model, tok, task, task.test_problems()[:cfg.problems], n=cfg.n, ks=cfg.k,

@@ -11,6 +11,7 @@ Every algorithm gets the same prompts, rewards, logging, checkpoints and evaluat
 algorithm itself lives in minies/<algo>.py and provides what minies/algorithm.py lists.
 """
 import argparse
+import contextlib
 import dataclasses
 import json
 import os
@@ -23,7 +24,7 @@ from tqdm import tqdm
 
 from minies import ArgumentParser, UserError, check_writable, checkpoint, distributed, run_script
 from minies.config import ModelOptions, TaskOptions, add_arguments, from_args, option
-from minies.guard import Diverged, check_finite_weights
+from minies.guard import Diverged, check_weights, largest_weight
 from minies.evaluate import evaluate
 from minies.models import default_model, load_config, load_model, load_tokenizer, prompt_style_for
 from minies.recipes import RECIPES, own_recipe, recipe_defaults
@@ -51,7 +52,7 @@ class TrainConfig(TaskOptions, ModelOptions):
                          "own recipe; explicit flags still win", choices=sorted(RECIPES))
     steps: int = option(None, "training steps (default: the recipe's, else the algorithm's own, sized for the shipped "
                         "model)", check="positive")
-    seed: int = option(0, "seed for prompts, sampling and noise", check="non_negative")
+    seed: int = option(0, "seed for prompts, sampling and noise", check="seed")
     out: str = option("out", "directory for run directories")
     run_name: str = option(None, "run name (default: <algo>-<task>-seed<seed>)")
     resume: bool = option(False, "continue the run in out/<run-name> from its latest checkpoint")
@@ -59,10 +60,13 @@ class TrainConfig(TaskOptions, ModelOptions):
     eval_every: int = option(25, "held-out pass@1, greedy accuracy, entropy, malformed and truncated rates every "
                                  "k steps (0: only before and after)", check="non_negative")
     eval_problems: int = option(None, "held-out problems for the evaluations (default: all of the test split: 500 "
-                                "generated, or every row of --eval-data)", check="positive")
-    eval_samples: int = option(4, "samples per problem for held-out pass@1 during training", check="positive")
+                                "generated, or every row of --eval-data)", check="count")
+    eval_samples: int = option(4, "samples per problem for held-out pass@1 during training", check="count")
     final_samples: int = option(16, "samples per problem for the before/after evaluation (pass@1, pass@16)",
-                                check="positive")
+                                check="count")
+    max_weight_growth: float = option(100.0, "stop the run, before it saves, when a weight's magnitude exceeds this "
+                                      "many times the start model's largest (a diverging run; inf: never)",
+                                      check="positive_or_inf")
 
 
 def parse_args(argv):
@@ -124,6 +128,10 @@ def main(argv=None):
     if main_rank:
         for line in describe_settings(recipes, cfg, algo_cfg):
             print(line)
+    parts = cfg.run_name.replace("\\", "/").split("/") if cfg.run_name is not None else []
+    if cfg.run_name is not None and (os.path.isabs(cfg.run_name) or any(p in ("", ".", "..") for p in parts)):
+        raise UserError(f"--run-name {cfg.run_name}: the run's directory is --out/NAME, so NAME must stay inside "
+                        "--out (no '..', '.', leading '/')")
     run_dir = os.path.join(cfg.out, cfg.run_name or f"{cfg.algo}-{cfg.task}-seed{cfg.seed}")
     check_writable(run_dir, "--out")
     resume_from, state = None, None
@@ -132,6 +140,9 @@ def main(argv=None):
             raise UserError(f"{run_dir} already holds a run; pass --resume to continue it or --run-name NAME "
                             "for a new one")
         resume_from, state, skipped = checkpoint.load_latest(run_dir)
+        if cfg.steps < state["step"]:
+            raise UserError(f"--steps {cfg.steps}: {resume_from} is at step {state['step']} already; pass --steps "
+                            f"{state['step']} or more to continue the run")
         if skipped and main_rank:
             print(f"warning: {'; '.join(skipped)}; resuming from {resume_from}", file=sys.stderr)
     elif main_rank and (cfg.resume or os.path.exists(os.path.join(run_dir, "log.jsonl"))):
@@ -148,32 +159,34 @@ def main(argv=None):
         raise UserError(task.data_help)
     cfg.max_new_tokens, cfg.reward = task.max_new_tokens, task.reward
     if main_rank:
-        for note in filter(None, [task.split_note, task.overlap and f"{task.overlap} problem(s) of --data are also "
-                                  "in --eval-data: left out of training"]):
+        for note in task.notes:
             print(f"note: {note}", file=sys.stderr)
     tok = load_tokenizer(cfg.model)
-    # Algorithms that save something other than what they train (merged LoRA adapters) restart from
-    # the base model and restore the rest from their state; the others reload the checkpoint itself.
-    from_base = resume_from is None or Algorithm.resume_from_base
-    model = load_model(cfg.model if from_base else resume_from, cfg.dtype, cfg.load_in_8bit)
+    # --resume starts again from the start model too: the training state holds the trained weights (ES's masters,
+    # GRPO's weights or adapters), and the model a checkpoint holds (merged, dequantized) is for eval.py.
+    model = load_model(cfg.model, cfg.dtype, cfg.load_in_8bit)
     algo = Algorithm(model, tok, task, algo_cfg, chat_template=cfg.chat_template)
 
     start_step, tokens, before = 0, 0, None
     if resume_from:
+        check_resumed_settings(run_dir, cfg, algo_cfg)  # every setting resolved, before anything is restored
         checkpoint.set_rng_state(state["rng"])  # only now: building the algorithm draws from the RNGs
         algo.load_state_dict(state["algorithm"])
         start_step, tokens, before = state["step"], state["tokens"], state["before"]
+        weight_bound = state.get("weight_bound", cfg.max_weight_growth * largest_weight(model))
         state = None  # applied: free its tensors (a real model's optimizer state takes GBs)
     else:
+        weight_bound = cfg.max_weight_growth * largest_weight(model)
         before = heldout(model, tok, task, cfg, cfg.final_samples, main_rank)
         if main_rank:
             os.makedirs(run_dir, exist_ok=True)
-            with open(os.path.join(run_dir, "config.json"), "w") as f:
+            with written(os.path.join(run_dir, "config.json")) as f:
                 json.dump({"train": asdict(cfg), cfg.algo: asdict(algo_cfg), "recipes": recipes}, f, indent=1)
             print("before: " + _fmt(before))
 
-    if main_rank and resume_from:
-        checkpoint.truncate_log(os.path.join(run_dir, "log.jsonl"), start_step)  # drop steps after the checkpoint
+    if main_rank and resume_from:  # drop the steps after the checkpoint, and what a crash left of a line
+        for warning in checkpoint.truncate_log(os.path.join(run_dir, "log.jsonl"), start_step):
+            print(f"warning: {warning}", file=sys.stderr)
     log = open(os.path.join(run_dir, "log.jsonl"), "a" if resume_from else "w") if main_rank else None
     wall = time.time()
     bar = tqdm(range(start_step, cfg.steps), initial=start_step, total=cfg.steps, disable=not main_rank,
@@ -184,9 +197,9 @@ def main(argv=None):
         problems = task.train_problems(algo.prompts_per_step, seed=step_seed)
         try:
             stats = algo.step(problems, step_seed)
-            check_finite_weights(model)  # before this step is logged or saved: `latest` stays a good checkpoint
+            check_weights(model, weight_bound)  # before this step is logged or saved: every checkpoint stays good
         except Diverged as e:
-            raise Diverged(e.what, step + 1) from None
+            raise Diverged(e.what, step + 1, e.why) from None
         tokens += stats.pop("tokens", 0)
         row = {"step": step + 1, **stats, "tokens": tokens, "seconds": round(time.time() - wall, 2)}
         if cfg.eval_every and (step + 1) % cfg.eval_every == 0 and step + 1 < cfg.steps:
@@ -195,25 +208,74 @@ def main(argv=None):
             row["heldout_entropy"], row["heldout_malformed"] = metrics["entropy"], metrics["malformed_rate"]
             row["heldout_truncated"] = metrics["truncated_rate"]
         if main_rank:
-            log.write(json.dumps(row) + "\n")
-            log.flush()
+            with written(log.name, log) as f:
+                f.write(json.dumps(row) + "\n")
+                f.flush()
             bar.set_postfix(reward=f"{stats.get('reward_mean', 0):.3f}")
         if (step + 1) % cfg.save_every == 0 or step + 1 == cfg.steps:
             if main_rank:
-                checkpoint.save(run_dir, step + 1, algo.model_to_save(), tok,
-                                {"algorithm": algo.state_dict(), "tokens": tokens, "before": before})
+                checkpoint.save(run_dir, step + 1, algo.model_to_save(), tok, {
+                    "algorithm": algo.state_dict(), "tokens": tokens, "before": before, "weight_bound": weight_bound})
             distributed.barrier()
     bar.close()
 
     after = heldout(model, tok, task, cfg, before["n"], main_rank)
     if main_rank:
         log.close()
-        with open(os.path.join(run_dir, "summary.json"), "w") as f:
+        with written(os.path.join(run_dir, "summary.json")) as f:
             json.dump({"before": before, "after": after, "tokens": tokens}, f, indent=1)
         print("before: " + _fmt(before))
         print("after:  " + _fmt(after))
         print(f"run directory: {run_dir}")
     distributed.close()
+
+
+# Settings a resumed run may change: how long it runs, how often it evaluates and saves, and where (not how) ES
+# keeps its masters. Any other difference would continue one run with the settings of another.
+MAY_CHANGE_ON_RESUME = {"steps", "eval_every", "save_every", "resume", "out", "run_name", "master_device"}
+
+
+def check_resumed_settings(run_dir, cfg, algo_cfg):
+    """A UserError naming every setting of this command line that differs from the run's config.json, with
+    the recorded value (paths compared as the directories or files they name)."""
+    path = os.path.join(run_dir, "config.json")
+    try:
+        with open(path) as f:
+            recorded = json.load(f)
+        recorded_train = recorded["train"]
+    except (OSError, ValueError, KeyError, TypeError):
+        raise UserError(f"{path} is missing or unreadable: --resume cannot check what it continues; restore it, "
+                        "or pass --run-name NAME for a new run") from None
+    if cfg.algo not in recorded:
+        raise UserError(f"--algo {cfg.algo}: {run_dir} was trained with --algo {recorded_train.get('algo')}")
+
+    def same(key, a, b):
+        if isinstance(a, str) and isinstance(b, str) and key in ("model", "data", "eval_data"):
+            return os.path.realpath(os.path.expanduser(a)) == os.path.realpath(os.path.expanduser(b))
+        return a == b
+
+    differences = [f"--{key.replace('_', '-')} {now} (the run has {recorded_part.get(key)})"
+                   for recorded_part, settings in ((recorded_train, asdict(cfg)), (recorded[cfg.algo], asdict(algo_cfg)))
+                   for key, now in settings.items()
+                   if key not in MAY_CHANGE_ON_RESUME and not same(key, now, recorded_part.get(key))]
+    if differences:
+        raise UserError(f"--resume continues {run_dir} with its own settings, but this command differs: "
+                        f"{'; '.join(differences)}; drop those flags, or pass --run-name NAME for a new run")
+
+
+@contextlib.contextmanager
+def written(path, opened=None):
+    """Open `path` for writing (or use the already `opened` file); a full disk or a file-size limit becomes one
+    line naming the file."""
+    try:
+        if opened is not None:
+            yield opened
+        else:
+            with open(path, "w") as f:
+                yield f
+    except OSError as e:
+        raise UserError(f"could not write {path} ({e.strerror}); free some space and pass --resume to continue "
+                        "from the last checkpoint") from None
 
 
 def _fmt(metrics):

@@ -15,10 +15,6 @@ class Algorithm(Protocol):
     prompts_per_step: int
     """How many problems train.py draws for each step (the same list on every process)."""
 
-    resume_from_base: bool
-    """True when model_to_save() is not the model being trained (e.g. LoRA adapters merged into the
-    base): --resume then reloads the base model and load_state_dict restores the trained weights.
-    False: --resume reloads the saved checkpoint itself."""
 
     def step(self, problems, seed) -> dict:
         """One training step on `problems`; `seed` is a function of (run seed, step) only, so the step
@@ -26,7 +22,8 @@ class Algorithm(Protocol):
         of numbers), with a "tokens" key: the completion tokens generated for training in this step."""
 
     def state_dict(self) -> dict:
-        """Everything beyond the saved model that --resume needs to continue bit for bit."""
+        """Everything --resume needs to continue bit for bit: it reloads the start model (--model) and hands this
+        to load_state_dict, so the trained weights are in it (the model a checkpoint holds is for eval.py)."""
 
     def load_state_dict(self, state: dict) -> None:
         """Restore state_dict()'s output, into an algorithm built on the model --resume loaded."""

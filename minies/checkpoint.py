@@ -15,6 +15,7 @@ import shutil
 
 import numpy as np
 import torch
+from safetensors import SafetensorError
 
 from minies import UserError
 
@@ -48,13 +49,25 @@ def _write_text_atomic(path, text):
 
 def save(run_dir, step, model, tokenizer, state, keep=2):
     """Write checkpoint `step` (model weights, tokenizer, and `state`: any picklable training
-    state, e.g. the optimizer's) and drop all but the newest `keep` checkpoints."""
+    state, e.g. the optimizer's) and drop all but the newest `keep` checkpoints. A write that fails (a full
+    disk, a file-size limit) removes what it wrote and raises a UserError naming the file: the checkpoints
+    before it are untouched."""
     name = f"step-{step:06d}"
     final, tmp = os.path.join(run_dir, name), os.path.join(run_dir, f".{name}.tmp")
     shutil.rmtree(tmp, ignore_errors=True)
-    model.save_pretrained(tmp)
-    tokenizer.save_pretrained(tmp)
-    torch.save({"step": step, "rng": rng_state(), **state}, os.path.join(tmp, STATE_FILE))
+    writes = [("model.safetensors", lambda: model.save_pretrained(tmp)),
+              ("tokenizer.json", lambda: tokenizer.save_pretrained(tmp)),
+              (STATE_FILE, lambda: torch.save({"step": step, "rng": rng_state(), **state}, os.path.join(tmp, STATE_FILE)))]
+    for main_file, write in writes:
+        try:
+            write()
+        except (OSError, RuntimeError, SafetensorError) as e:  # torch.save's full disk: RuntimeError("unexpected pos")
+            file = getattr(e, "filename", None) or os.path.join(tmp, main_file)
+            shutil.rmtree(tmp, ignore_errors=True)
+            previous = latest(run_dir)
+            kept = f"the previous checkpoint {previous} is intact" if previous else "no checkpoint was written"
+            raise UserError(f"could not write {file} ({_reason(e)}); {kept}; a checkpoint needs about "
+                            f"{_megabytes(model, state)} MB free in {run_dir}") from None
     if os.path.exists(final):  # re-saving a step: move the old copy aside first, never delete it in place
         shutil.rmtree(f"{final}.old", ignore_errors=True)
         os.replace(final, f"{final}.old")
@@ -65,6 +78,25 @@ def save(run_dir, step, model, tokenizer, state, keep=2):
     for d in old[:max(0, len(old) - keep + 1)]:
         shutil.rmtree(os.path.join(run_dir, d), ignore_errors=True)
     return final
+
+
+def _reason(e):
+    text = e.strerror if isinstance(e, OSError) and e.strerror else str(e).strip().splitlines()[0][:100]
+    return "no space left on the device, or a file-size limit" if "unexpected pos" in text else text
+
+
+def _megabytes(model, state):
+    """The size of a checkpoint: the model's weights and the tensors of the training state, in MB."""
+    def tensor_bytes(value):
+        if isinstance(value, torch.Tensor):
+            return value.numel() * value.element_size()
+        if isinstance(value, dict):
+            return sum(tensor_bytes(v) for v in value.values())
+        if isinstance(value, (list, tuple)):
+            return sum(tensor_bytes(v) for v in value)
+        return 0
+    weights = sum(p.numel() * p.element_size() for p in model.parameters())
+    return max(1, round((weights + tensor_bytes(state)) / 1e6))
 
 
 def _step_dirs(run_dir):
@@ -90,18 +122,22 @@ def latest(run_dir):
 
 
 def load_latest(run_dir):
-    """(path, training state, what was skipped) of the newest checkpoint in `run_dir` whose state loads:
-    the one `latest` names, else the newest step directory that loads (a file can be corrupted after
-    it was written). `skipped` lists what did not load and why. A UserError when nothing loads."""
+    """(path, training state, what was skipped) of the newest complete checkpoint in `run_dir`: the one `latest`
+    names, else the newest step directory whose every part loads (a file can be lost or corrupted after it
+    was written). `skipped` lists what did not load and why. A UserError when nothing loads."""
     pointer, named = os.path.join(run_dir, "latest"), latest(run_dir)
     skipped = [f"{pointer} does not name a complete checkpoint"] if os.path.exists(pointer) and not named else []
     for path in ([named] if named else []) + [d for d in _step_dirs(run_dir) if d != named]:
         try:
+            check_model_files(path)
             return path, load_state(path), skipped
         except UserError as e:
             skipped.append(str(e))
     raise UserError(f"no checkpoint of {run_dir} loads ({'; '.join(skipped) or 'none left'}); "
                     f"delete {run_dir} to start the run again, or pass --run-name NAME for a new one")
+
+
+STATE_KEYS = ("step", "rng")  # what save() writes into every training state, beside the caller's
 
 
 def load_state(path):
@@ -110,18 +146,53 @@ def load_state(path):
     set_rng_state(state["rng"]) restores its RNGs."""
     file = os.path.join(path, STATE_FILE)
     try:
-        return torch.load(file, weights_only=False, map_location="cpu")
+        state = torch.load(file, weights_only=False, map_location="cpu")
     except FileNotFoundError:
         raise UserError(f"{path}: not a minies checkpoint (no {STATE_FILE}); point --resume at a run directory")
     except Exception as e:  # a truncated or overwritten file fails in many ways: unpickling, zip, EOF
         reason = ": ".join(filter(None, [type(e).__name__, str(e).strip().split("\n")[0][:100]]))
         raise UserError(f"{file} does not load ({reason})")
+    missing = [key for key in STATE_KEYS if not isinstance(state, dict) or key not in state]
+    if missing or not isinstance(state["rng"], dict) or not isinstance(state["step"], int):
+        raise UserError(f"{file} does not hold a minies training state (missing: {', '.join(missing) or 'rng, step'})")
+    return state
+
+
+def check_model_files(path):
+    """A UserError unless checkpoint `path` holds a readable config.json and complete weights (safetensors
+    headers whose data is all there; the bytes themselves are read when the model loads)."""
+    from safetensors import safe_open
+
+    try:
+        with open(os.path.join(path, "config.json"), "rb") as f:
+            json.loads(f.read().decode("utf-8"))
+        index = os.path.join(path, "model.safetensors.index.json")
+        files = ["model.safetensors"]
+        if os.path.exists(index):
+            with open(index) as f:
+                files = sorted(set(json.load(f)["weight_map"].values()))
+        for name in files:
+            with safe_open(os.path.join(path, name), framework="pt") as weights:
+                weights.keys()
+    except Exception as e:  # missing, truncated, not JSON, a bad header: each fails its own way
+        reason = e.strerror if isinstance(e, OSError) and e.strerror else str(e).strip().split("\n")[0][:100]
+        raise UserError(f"{path}: its model does not load ({type(e).__name__}: {reason})")
 
 
 def truncate_log(path, step):
-    """Keep only the log lines up to `step` (a resumed run repeats the steps after its checkpoint)."""
+    """Keep only the log lines up to `step` (a resumed run repeats the steps after its checkpoint). A line that
+    is not a JSON log row (a crash in mid-write leaves half of one) is dropped; returns a warning per line."""
     if not os.path.exists(path):
-        return
-    with open(path) as f:
-        kept = [line for line in f if line.strip() and json.loads(line)["step"] <= step]
+        return []
+    kept, dropped = [], []
+    with open(path, "rb") as f:
+        for number, raw in enumerate(f, 1):
+            try:
+                line = raw.decode("utf-8")
+                if json.loads(line)["step"] <= step:
+                    kept.append(line if line.endswith("\n") else line + "\n")
+            except (ValueError, KeyError, TypeError):
+                if raw.strip():
+                    dropped.append(f"{path} line {number} is not a log row (a write cut short?): dropped it")
     _write_text_atomic(path, "".join(kept))
+    return dropped

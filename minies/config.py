@@ -6,6 +6,7 @@ A numeric field names its valid range with `check=` (a key of CHECKS), so that a
 import argparse
 import dataclasses
 import math
+import re
 
 from minies.models import DTYPES
 from minies.tasks import ALL_PROMPT_STYLES, DEFAULT_TASK, REWARDS, TASKS
@@ -18,6 +19,15 @@ CHECKS = {
     "probability": ("a number in [0, 1]", "0 or 1", lambda x: 0 <= x <= 1),
     "fraction": ("a number in [0, 1)", "0", lambda x: 0 <= x < 1),  # momenta: 1 would never forget
     "positive_or_inf": ("a number > 0 (inf allowed)", "an integer >= 1", lambda x: x > 0),  # nan > 0 is False
+    # Bounds beyond which a run cannot mean what it asks: a step of more than a million completions runs for
+    # days (or fails to allocate) on any machine; seeds above 2**32 overflow the seeds derived from them; below a
+    # temperature of 0.01 the logits divided by it overflow (use greedy decoding instead), above 100 sampling
+    # is uniform noise.
+    "count": ("a number in [1, 1e6]", "an integer in [1, 1000000]", lambda x: 1 <= x <= 10**6),
+    "seed": ("a number in [0, 2**32)", "an integer in [0, 4294967295]", lambda x: 0 <= x < 2**32),
+    "temperature": ("a number in [0.01, 100]", "an integer in [1, 100]", lambda x: 0.01 <= x <= 100),
+    "regex": ("a valid regular expression", "", None),
+    "clip": ("a number in [0, 10]", "an integer in [0, 10]", lambda x: 0 <= x <= 10),  # of a ratio around 1
 }
 
 
@@ -26,8 +36,15 @@ def valid_range(kind, check):
 
 
 def checked(kind, check):
-    """The argparse `type=` that parses a `kind` (int or float) and rejects values outside `check`'s range."""
+    """The argparse `type=` that parses a `kind` (int or float) and rejects values outside `check`'s range; for
+    `regex`, a string that must compile as a regular expression."""
     def parse(text):
+        if check == "regex":
+            try:
+                re.compile(text)
+                return text
+            except re.error as e:
+                raise argparse.ArgumentTypeError(f"{text!r} is not a valid regular expression ({e})")
         try:
             value = kind(text)
         except ValueError:

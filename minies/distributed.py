@@ -8,6 +8,12 @@ import torch.distributed as dist
 def init():
     """Join the process group when launched by torchrun (gloo on CPU, nccl on CUDA); else do nothing."""
     if "RANK" in os.environ and not dist.is_initialized():
+        missing = [name for name in ("WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT") if name not in os.environ]
+        if missing:
+            from minies import UserError
+
+            raise UserError(f"RANK is set but {', '.join(missing)} not: launch several processes with torchrun, or "
+                            "unset RANK for one")
         backend = "nccl" if torch.cuda.is_available() else "gloo"
         if torch.cuda.is_available():
             torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))

@@ -48,12 +48,12 @@ import torch
 
 from torch.profiler import record_function
 
-from minies import UserError, distributed
+from minies import UserError, distributed, lora
 from minies.config import option
 from minies.eggroll import LowRankPopulation, matrix_modules
 from minies.es_log import step_log
 from minies.metrics import average_ranks
-from minies.models import model_device
+from minies.models import int8_row_scales, model_device
 from minies.perturbed import InPlacePopulation, PerturbedTensor
 from minies.placement import choose_mode, master_device
 from minies.rollout import encode, generate
@@ -61,19 +61,19 @@ from minies.rollout import encode, generate
 
 @dataclass
 class ESConfig:
-    population: int = option(32, "members per step (N); even when antithetic", check="positive")
+    population: int = option(32, "members per step (N); even when antithetic", check="count")
     sigma: float = option(8e-3, "noise scale σ of the perturbations", check="positive")
     alpha: float = option(1e-2, "step size α (1/σ folded in)", check="positive")
     prompts_per_step: int = option(256, "prompts every member is scored on (the same for all members)",
-                                   check="positive")
+                                   check="count")
     antithetic: bool = option(True, "mirrored pairs +ε / −ε")
     normalize: str = option("rank", "reward normalization across members", choices=["rank", "zscore"])
     params: str = option(".*", "regex: perturb only the parameters whose name matches ('.*': all; the shipped "
-                         "model's recipe names its embeddings and first block)")
+                         "model's recipe names its embeddings and first block)", check="regex")
     greedy: bool = option(True, "score members with greedy decoding (else sampled at --temperature)")
-    temperature: float = option(1.0, "sampling temperature when not greedy", check="positive")
+    temperature: float = option(1.0, "sampling temperature when not greedy", check="temperature")
     micro_batch: int = option(1024, "sequences per generate call (lowrank: members per call = this // prompts)",
-                              check="positive")
+                              check="count")
     mode: str = option("auto", "inplace: perturb the weights, one member at a time; lowrank: EGGROLL, "
                        "rank-r noise added in the forward pass, many members per batch (minies/eggroll.py); auto: "
                        "the faster of the two for the batch shape (minies/placement.py)",
@@ -87,6 +87,8 @@ class ESConfig:
 def member_seeds(step_seed, population, antithetic):
     """(seed, sign) of each member; the seeds depend only on the step's seed."""
     rng = np.random.default_rng(step_seed)
+    if population < 2:
+        raise UserError(f"--population {population}: ES ranks members against each other; it needs at least 2")
     if antithetic:
         if population % 2:
             raise UserError(f"--population {population}: must be even with --antithetic")
@@ -134,7 +136,6 @@ class ES:
     """ES's step (module docstring), its parts marked with torch.profiler ranges (es.rollout, es.update)
     for bench/es.py."""
 
-    resume_from_base = False  # checkpoints hold the trained model itself
     default_steps = 140  # sized for the shipped model (what it gives: docs/results.md)
 
     def __init__(self, model, tokenizer, task, config, chat_template=True):
@@ -142,6 +143,9 @@ class ES:
         self.chat_template = chat_template
         self.prompts_per_step = config.prompts_per_step
         member_seeds(0, config.population, config.antithetic)  # a bad --population fails now, not after an evaluation
+        if config.population * config.prompts_per_step > 10**6:
+            raise UserError(f"--population {config.population} × --prompts-per-step {config.prompts_per_step}: over a "
+                            "million completions a step; lower one of them")
         owner = {id(p): m for m in model.modules() for p in m.parameters(recurse=False)}
         pattern = re.compile(config.params)
         chosen = [(i, name, p) for i, (name, p) in enumerate(model.named_parameters()) if pattern.search(name)]
@@ -228,13 +232,21 @@ class ES:
         return ScoredRollouts(scores, r.truncated.numpy(), r.lengths.numpy()).split(copies)
 
     def state_dict(self):
-        return {"master": [t.master.cpu() for t in self.tensors], "theta0": self.theta0}
+        """The fp32 masters and θ0, and the row scales of int8 weights (an update can raise them), which with the
+        masters make the model exactly: --resume writes them into the start model."""
+        return {"master": [t.master.cpu() for t in self.tensors], "theta0": self.theta0,
+                "row_scales": [int8_row_scales(t.module).cpu() if t.int8 else None for t in self.tensors]}
 
     def load_state_dict(self, state):
-        for t, master, t0, saved_t0 in zip(self.tensors, state["master"], self.theta0, state["theta0"]):
+        for t, master, t0, saved_t0, scales in zip(self.tensors, state["master"], self.theta0, state["theta0"],
+                                                   state["row_scales"]):
             t.master.copy_(master)
             t0.copy_(saved_t0)
+            if scales is not None:
+                int8_row_scales(t.module).copy_(scales)
             t.write_clean()
 
     def model_to_save(self):
-        return self.model
+        """The model; with 8-bit weights its dequantized float copy, which any from_pretrained loads (as 8-bit
+        again with --load-in-8bit)."""
+        return lora.merged_model(self.model) if any(p.dtype == torch.int8 for p in self.model.parameters()) else self.model

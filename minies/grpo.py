@@ -32,6 +32,7 @@ reference policy is the base with the adapters switched off, and checkpoints hol
 """
 import contextlib
 import copy
+import dataclasses
 import statistics
 from dataclasses import dataclass
 from typing import NamedTuple
@@ -54,15 +55,15 @@ AGGREGATIONS = ("grpo", "dapo", "dr_grpo")
 class PolicyGradientConfig:
     """The flags GRPO and 3PO share: the batch, the loss, clipping and LoRA. GRPOConfig adds GRPO's
     optimizer; ThreePOConfig (minies/threepo.py) adds IVON's."""
-    prompts: int = option(16, "prompts per step (P), over all processes", check="positive")
-    group_size: int = option(8, "completions per prompt (G)", check="positive")
+    prompts: int = option(16, "prompts per step (P), over all processes", check="count")
+    group_size: int = option(8, "completions per prompt (G)", check="count")
     temperature: float = option(1.0, "sampling temperature; log-probs are taken at the same temperature",
-                                check="positive")
+                                check="temperature")
     lr: float = option(1e-4, "learning rate", check="positive")
     micro_batch: int = option(64, "completions per forward/backward, at most (fewer when their logits would pass "
-                              "1 GiB: minies/rollout.py); gradients accumulate over the batch", check="positive")
+                              "1 GiB: minies/rollout.py); gradients accumulate over the batch", check="count")
     epsilon_low: float = option(0.2, "clip the token ratio below at 1 - epsilon_low", check="probability")
-    epsilon_high: float = option(0.2, "clip the token ratio above at 1 + epsilon_high", check="non_negative")
+    epsilon_high: float = option(0.2, "clip the token ratio above at 1 + epsilon_high", check="clip")
     beta: float = option(0.0, "weight of the KL penalty to the initial policy (0: no reference is kept)",
                          check="non_negative")
     scale_rewards: str = option("group", "divide advantages by the group's reward std, the batch's, or nothing "
@@ -83,7 +84,7 @@ class PolicyGradientConfig:
 class GRPOConfig(PolicyGradientConfig):
     optim: str = option("adamw", "optimizer: torch AdamW, or bitsandbytes' 8-bit AdamW (either on fp32 masters "
                         "of half-precision weights)", choices=["adamw", "adamw8bit"])
-    updates_per_batch: int = option(1, "optimizer steps on each batch of completions (μ)", check="positive")
+    updates_per_batch: int = option(1, "optimizer steps on each batch of completions (μ)", check="count")
 
 
 class Scores(NamedTuple):
@@ -160,9 +161,6 @@ class GRPO:
     """GRPO's step (module docstring), its parts marked with torch.profiler ranges (grpo.generate, grpo.score,
     grpo.logprobs, grpo.loss_backward, grpo.optimizer) for bench/grpo.py."""
 
-    # Checkpoints hold merged weights, so --resume starts again from the base model and state_dict
-    # restores the trained weights. This also keeps the base as the reference policy.
-    resume_from_base = True
     default_steps = 200  # sized for the shipped model (what it gives: docs/results.md)
 
     def __init__(self, model, tokenizer, task, config, chat_template=True):
@@ -173,6 +171,14 @@ class GRPO:
             raise UserError(f"--prompts {config.prompts}: need one prompt per process ({world})")
         if any(p.dtype == torch.int8 for p in model.parameters()) and config.lora_rank == 0:
             raise UserError("a model loaded in 8-bit cannot be trained directly: pass --lora-rank (e.g. 16)")
+        unused = [f.name for f in dataclasses.fields(config) if f.name in ("lora_alpha", "lora_targets")
+                  and getattr(config, f.name) != f.default]
+        if unused and config.lora_rank == 0:
+            raise UserError(f"--{unused[0].replace('_', '-')} shapes LoRA adapters, which --lora-rank 0 does not add; "
+                            "pass --lora-rank (e.g. 16) or drop it")
+        if config.prompts * config.group_size > 10**6:
+            raise UserError(f"--prompts {config.prompts} × --group-size {config.group_size}: over a million "
+                            "completions a step; lower one of them")
         self.model, self.tokenizer, self.task, self.config = model, tokenizer, task, config
         self.chat_template = chat_template
         self.prompts_per_step = config.prompts

@@ -110,13 +110,28 @@ def load_model(name=SHIPPED_MODEL, dtype="float32", load_in_8bit=False, device=N
         kwargs["quantization_config"] = BitsAndBytesConfig(load_in_8bit=True)
         kwargs["device_map"] = {"": device.index if device.type == "cuda" else "cpu"}
     try:
-        model = AutoModelForCausalLM.from_pretrained(os.path.expanduser(name), **kwargs)
+        model, info = AutoModelForCausalLM.from_pretrained(os.path.expanduser(name), output_loading_info=True, **kwargs)
     except Exception as e:
         raise UserError(f"--model {name}: cannot load it ({type(e).__name__}: {str(e).splitlines()[0]})")
+    check_loaded(name, info)
     if not load_in_8bit:
         model.to(device)
     model.eval()
     return model
+
+
+def check_loaded(name, info):
+    """A UserError when the weights on disk do not fit the architecture (transformers' loading info): a weight
+    it lacks would be silently initialised at random, and an extra one (another architecture's, or a file
+    written by a different version) silently dropped. Tied weights (a head that shares the embedding) are
+    not stored and are not missing; older checkpoints' rotary-frequency buffers are recomputed on load."""
+    problems = {what: sorted(k for k in info.get(key) or () if not k.endswith("inv_freq"))
+                for what, key in (("lacks", "missing_keys"), ("has unexpected", "unexpected_keys"),
+                                  ("has wrongly shaped", "mismatched_keys"))}
+    found = [f"{what} {len(keys)} weight(s) ({', '.join(map(str, keys[:3]))})" for what, keys in problems.items() if keys]
+    if found:
+        raise UserError(f"--model {name}: its weights do not fit its architecture: it {'; it '.join(found)}; the "
+                        "file is damaged or from another model")
 
 
 def model_device(model):

@@ -121,7 +121,7 @@ def own_recipe(model):
         name = getattr(load_config(model), "minies_recipe", None)
     except UserError:
         return None
-    if name is not None and name not in RECIPES:
+    if name is not None and (not isinstance(name, str) or name not in RECIPES):
         raise UserError(f"{model}: its config.json names minies_recipe {name!r}, which is not one of "
                         f"{', '.join(RECIPES)}; fix or remove that entry")
     return name

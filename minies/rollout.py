@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import torch
 from transformers import GenerationConfig
 
+from minies.guard import Diverged
 from minies.models import model_device
 
 
@@ -120,7 +121,12 @@ def generate(model, tokenizer, prompts, max_new_tokens=16, temperature=1.0, top_
             enc = {name: value.to(device)
                    for name, value in encoded_rows(encoded, slice(start, start + micro_batch)).items()}
             cache = shared_prompt_cache(model, enc["input_ids"], enc["attention_mask"]) if share_prompts else {}
-            completions = model.generate(**enc, **cache, generation_config=config)[:, enc["input_ids"].shape[1]:]
+            try:
+                completions = model.generate(**enc, **cache, generation_config=config)[:, enc["input_ids"].shape[1]:]
+            except RuntimeError as e:  # sampling from logits that overflowed: the weights or the temperature diverged
+                if "probability tensor contains" not in str(e):
+                    raise
+                raise Diverged("the model's next-token distribution") from None
             mask = completion_mask(completions, stop_ids)
             texts = tokenizer.batch_decode(completions.masked_fill(mask == 0, tokenizer.pad_token_id),
                                            skip_special_tokens=True)

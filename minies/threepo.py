@@ -86,13 +86,13 @@ class ThreePOConfig(PolicyGradientConfig):
 @dataclass
 class M3POConfig(ThreePOConfig):
     samples: int = option(2, "M: weight samples per step, each generating its own groups for the same prompts",
-                          check="positive")
+                          check="count")
 
 
 @dataclass
 class C3POConfig(ThreePOConfig):
     chunks: int = option(2, "N: each group's G completions come in N chunks, each generated at its own weight sample",
-                         check="positive")
+                         check="count")
     ratio_truncate: float = option(2.0, "truncate the sequence importance ratio at this", check="positive")
     ratio_keep_min: float = option(0.5, "drop rollouts whose sequence importance ratio is below this",
                                    check="non_negative")
@@ -122,6 +122,14 @@ class ThreePO(GRPO):
     adapters), through GRPO's optimizer hook, and GRPO's update reduced to one pass of its policy
     gradient, ĝ, left in p.grad at the weights in place: IVON collects it on leaving `sampled_params`
     and steps once the gradients at all of the step's weight samples are in."""
+
+    def __init__(self, model, tokenizer, task, config, chat_template=True):
+        std = (config.ess * (config.hess_init + config.weight_decay)) ** -0.5
+        if not std <= 1:
+            raise UserError(f"--ess {config.ess:g} with --hess-init {config.hess_init:g}: IVON's posterior std "
+                            f"1/sqrt(λ·(h0 + δ)) is {std:.3g}, so its weight samples would be noise (the paper's is "
+                            "1e-3); raise --ess or --hess-init")
+        super().__init__(model, tokenizer, task, config, chat_template)
 
     def make_optimizer(self, params):
         """IVON, which keeps fp32 masters of half-precision parameters in its own state (minies/ivon.py)."""
@@ -191,6 +199,9 @@ class C3PO(ThreePO):
     def __init__(self, model, tokenizer, task, config, chat_template=True):
         if config.chunks < 1 or config.group_size % config.chunks:
             raise UserError(f"--chunks {config.chunks}: must be >= 1 and divide --group-size {config.group_size}")
+        if config.ratio_keep_min > config.ratio_keep_max:
+            raise UserError(f"--ratio-keep-min {config.ratio_keep_min:g} is above --ratio-keep-max "
+                            f"{config.ratio_keep_max:g}: no rollout would be kept")
         super().__init__(model, tokenizer, task, config, chat_template)
 
     def step(self, problems, seed):

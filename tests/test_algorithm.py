@@ -20,7 +20,6 @@ def test_algorithm_contract(tiny_model_dir, name):
                            Arithmetic(test_size=20), config_class())
     assert isinstance(algo, Algorithm)
     assert isinstance(algo.default_steps, int) and isinstance(algo.prompts_per_step, int)
-    assert isinstance(algo.resume_from_base, bool)
 
 
 # A small step of each algorithm and ES mode: what matters is that every tensor meets the right device.

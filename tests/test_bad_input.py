@@ -10,7 +10,7 @@ import torch
 
 from conftest import assert_one_line_error, finish, run_in_process, single_thread, start_script
 from minies import checkpoint
-from minies.guard import Diverged, check_finite, check_finite_weights
+from minies.guard import Diverged, check_finite, check_weights
 from minies.metrics import pass_at_k
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -78,16 +78,70 @@ BAD = {
     "eval: --n -1": ("eval.py", ["--n", -1], "--n"),
     "eval: --k 0": ("eval.py", ["--k", 0], "--k"),
     "eval: --seed -1": ("eval.py", ["--seed", -1], "--seed"),
+    # Tracebacks, hangs or silently something else, before (the issue "nothing lost, nothing mixed").
+    "train: --seed 2**32": ("train.py", ["--seed", 2**32], "--seed"),
+    "train: --run-name ../x": ("train.py", ["--run-name", "../x"], "--run-name"),
+    "train: --run-name .": ("train.py", ["--run-name", "."], "--run-name"),
+    "eval: --n 10**20": ("eval.py", ["--n", 10**20], "--n"),
+    "train grpo: --prompts 10**7": ("train.py", ["--algo", "grpo", "--prompts", 10**7], "--prompts"),
+    "train grpo: --prompts × --group-size over a million": ("train.py", ["--algo", "grpo", "--prompts", 2000,
+                                                                          "--group-size", 1000], "--prompts"),
+    "train grpo: --temperature 1e-40": ("train.py", ["--algo", "grpo", "--temperature", "1e-40"], "--temperature"),
+    "eval: --temperature 1e-40": ("eval.py", ["--temperature", "1e-40"], "--temperature"),
+    "train grpo: --epsilon-high 1e308": ("train.py", ["--algo", "grpo", "--epsilon-high", "1e308"], "--epsilon-high"),
+    "train c3po: --ess 1e-300": ("train.py", ["--algo", "c3po", "--ess", "1e-300"], "--ess"),
+    "train c3po: --ratio-keep-min above --ratio-keep-max": ("train.py", ["--algo", "c3po", "--ratio-keep-min", 3,
+                                                                        "--ratio-keep-max", 0.5], "--ratio-keep-min"),
+    "train grpo: --lora-alpha without --lora-rank": ("train.py", ["--algo", "grpo", "--lora-alpha", 32], "--lora-alpha"),
+    "train: --max-weight-growth 0": ("train.py", ["--max-weight-growth", 0], "--max-weight-growth"),
+    "eval: --lenient-answers on arithmetic": ("eval.py", ["--lenient-answers", "--n", 1, "--k", 1], "--lenient-answers"),
+    "eval: --out newdir/": ("eval.py", ["--n", 1, "--k", 1, "--out", "{tmp}/newdir/"], "--out"),
+    "train: JSON nested too deeply": ("train.py", ["--task", "countdown", "--data", "{deep}", *TINY], "nested too deeply"),
+    "train: a key twice in a row": ("train.py", ["--task", "countdown", "--data", "{twice}", *TINY], "appears twice"),
+    "train: nums and numbers in a row": ("train.py", ["--task", "countdown", "--data", "{both}", *TINY],
+                                         '"numbers" and "nums"'),
+    "train: no solvable training problem": ("train.py", ["--task", "countdown", "--data", "{unsolvable}", *TINY],
+                                            "no training problem can be solved"),
+    "eval: a model missing a weight": ("eval.py", ["--model", "{damaged}", "--n", 1, "--k", 1], "do not fit"),
+    "train: a model naming an unknown recipe": ("train.py", ["--model", "{unknown_recipe}"], "minies_recipe"),
+    "train: --params (": ("train.py", ["--params", "("], "--params"),
+    "train: --population 1 --no-antithetic": ("train.py", ["--population", 1, "--no-antithetic"], "--population"),
+    "train: --prompts-per-step 10**11": ("train.py", ["--prompts-per-step", 10**11], "--prompts-per-step"),
+    "train: lowrank --population 10**11": ("train.py", ["--mode", "lowrank", "--population", 10**11], "--population"),
+    "train: --population × --prompts-per-step over a million": ("train.py", ["--population", 2000,
+                                                                             "--prompts-per-step", 1000], "--population"),
 }
 
 # Found by the algorithm at its first step, after the "before" evaluation made the run directory (a rerun
 # starts such a run again: see test_a_run_without_checkpoint_starts_again).
 
 
+def _files(tmp, model):
+    """The bad files some rows point at, written into `tmp`."""
+    (tmp / "a-file").write_text("not a directory\n")
+    good = '{"nums": [1, 2], "target": 3}\n{"nums": [2, 2], "target": 4}\n'
+    (tmp / "deep.json").write_text("[" * 100000 + "]" * 100000)
+    (tmp / "twice.jsonl").write_text(good + '{"nums": [1, 2], "nums": [3, 4], "target": 7}\n')
+    (tmp / "both.jsonl").write_text(good + '{"nums": [1, 2], "numbers": [3, 4], "target": 7}\n')
+    (tmp / "unsolvable.jsonl").write_text("".join(json.dumps({"nums": [1, 1], "target": 90 + i}) + "\n" for i in range(8)))
+    from safetensors.torch import load_file, save_file
+    damaged = tmp / "damaged"
+    shutil.copytree(model, damaged, dirs_exist_ok=True)
+    weights = load_file(damaged / "model.safetensors")
+    weights.pop(next(k for k in weights if "layers.0.mlp" in k))
+    save_file(weights, damaged / "model.safetensors", metadata={"format": "pt"})
+    unknown = tmp / "unknown-recipe"
+    shutil.copytree(model, unknown, dirs_exist_ok=True)
+    config = json.loads((unknown / "config.json").read_text())
+    (unknown / "config.json").write_text(json.dumps({**config, "minies_recipe": "bogus"}))
+    return {"file": tmp / "a-file", "tmp": tmp, "deep": tmp / "deep.json", "twice": tmp / "twice.jsonl",
+            "both": tmp / "both.jsonl", "unsolvable": tmp / "unsolvable.jsonl", "damaged": damaged,
+            "unknown_recipe": unknown}
+
+
 def _args(name, model, tmp, **values):
     script, args, _ = BAD[name]
-    values = {"file": tmp / "a-file", "tmp": tmp, **values}
-    (tmp / "a-file").write_text("not a directory\n")
+    values = {**_files(tmp, model), **values}
     extra = ["--model", model] + (["--out", tmp / "out"] if script == "train.py" else [])
     return script, [str(a).format(**values) for a in extra + args]
 
@@ -254,7 +308,7 @@ def test_divergence_stops_the_run_and_keeps_the_last_good_checkpoint(inject, alg
     for t in state["algorithm"].get("master", []) + list(state["algorithm"].get("weights", {}).values()):
         assert torch.isfinite(t).all()
     from minies.models import load_model
-    check_finite_weights(load_model(good, device="cpu"))
+    check_weights(load_model(good, device="cpu"))
 
 
 def test_guard():
@@ -265,11 +319,16 @@ def test_guard():
             check_finite("x", bad)
     assert str(Diverged("the loss", 7)).startswith("step 7: the loss is not finite")
     model = torch.nn.Linear(2, 2)
-    check_finite_weights(model)
+    check_weights(model)
+    with torch.no_grad():
+        model.bias[1] = 5.0
+    check_weights(model, bound=5.0)
+    with pytest.raises(Diverged, match="grew to 5, past --max-weight-growth"):
+        check_weights(model, bound=4.0)
     with torch.no_grad():
         model.bias[1] = math.inf
     with pytest.raises(Diverged, match="weight"):
-        check_finite_weights(model)
+        check_weights(model)
 
 
 @pytest.mark.parametrize("n, c, k", [(4, 5, 1), (4, -1, 1), (4, 2, 0), (4, 2, -1), (4.0, 2, 1), (4, 2.0, 1),
@@ -281,3 +340,121 @@ def test_pass_at_k_rejects_impossible_counts(n, c, k):
 
 def test_pass_at_k_accepts_numpy_integers():
     assert pass_at_k(np.int64(4), np.int32(2), 1) == pytest.approx(0.5)
+
+
+# ---- --resume continues the same run, from its newest complete checkpoint ----
+
+@pytest.mark.parametrize("flags, mention", [
+    (["--sigma", 0.01], "--sigma 0.01 (the run has 0.008)"),
+    (["--population", 6], "--population 6 (the run has 4)"),
+    (["--mode", "lowrank"], "--mode lowrank (the run has inplace)"),
+    (["--params", ".*"], "--params .* (the run has embed_tokens"),
+    (["--dtype", "bfloat16"], "--dtype bfloat16 (the run has float32)"),
+    (["--seed", 1, "--run-name", RUN], "--seed 1 (the run has 0)"),
+    (["--task", "countdown", "--run-name", RUN], "--task countdown (the run has arithmetic)"),
+    (["--algo", "grpo", "--run-name", RUN], "--algo grpo: "),
+    (["--steps", 1], "--steps 1: "),
+])
+def test_resume_refuses_other_settings(flags, mention, tmp_path, model_dir, trained, capsys):
+    run = _copy(trained, tmp_path)
+    log, latest = (run / "log.jsonl").read_text(), (run / "latest").read_text()
+    tiny = TINY if "grpo" not in flags else TINY[4:]
+    code, message = run_in_process("train.py", "--model", model_dir, "--out", run.parent, "--steps", 3, *tiny,
+                                   "--resume", *flags)
+    last = assert_one_line_error(f"resume with {flags}", code, capsys.readouterr().err + message)
+    assert mention in last, last
+    assert (run / "log.jsonl").read_text() == log and (run / "latest").read_text() == latest
+
+
+def test_resume_refuses_another_model(tmp_path, model_dir, trained, capsys):
+    run = _copy(trained, tmp_path)
+    other = shutil.copytree(model_dir, tmp_path / "other-model")
+    code, message = _resume(run, other, "--resume")
+    last = assert_one_line_error("resume with another --model", code, capsys.readouterr().err + message)
+    assert f"--model {other} (the run has" in last
+
+
+@pytest.mark.parametrize("damage", ["no model.safetensors", "config.json not JSON", "no config.json",
+                                    "state is a list", "state without rng"])
+def test_resume_falls_back_to_the_newest_complete_checkpoint(damage, tmp_path, model_dir, trained, capsys):
+    run = _copy(trained, tmp_path)
+    newest = run / "step-000002"
+    if damage == "no model.safetensors":
+        (newest / "model.safetensors").unlink()
+    elif damage == "config.json not JSON":
+        (newest / "config.json").write_text("{nope")
+    elif damage == "no config.json":
+        (newest / "config.json").unlink()
+    else:
+        state = torch.load(newest / "training_state.pt", weights_only=False)
+        torch.save([1, 2] if damage == "state is a list" else {k: v for k, v in state.items() if k != "rng"},
+                   newest / "training_state.pt")
+    code, _ = _resume(run, model_dir, "--resume")
+    err = capsys.readouterr().err
+    assert code == 0, err[-3000:]
+    warning = next(line for line in err.splitlines() if line.startswith("warning:"))
+    assert str(newest) in warning and warning.endswith(f"resuming from {run / 'step-000001'}")
+    assert _steps(run) == [1, 2, 3] and (run / "latest").read_text() == "step-000003"
+
+
+@pytest.mark.parametrize("tail", ['{"step": 3, "reward_me', "\x00\x01 garbage"])
+def test_resume_drops_what_a_crash_left_of_a_log_line(tail, tmp_path, model_dir, trained, capsys):
+    run = _copy(trained, tmp_path)
+    with open(run / "log.jsonl", "a") as f:
+        f.write(tail)
+    code, _ = _resume(run, model_dir, "--resume")
+    err = capsys.readouterr().err
+    assert code == 0, err[-3000:]
+    assert any(line.startswith("warning:") and "line 3 is not a log row" in line for line in err.splitlines())
+    assert _steps(run) == [1, 2, 3]
+
+
+def _limited(limit, *args):
+    """train.py in a subprocess whose files may not grow past `limit` bytes (as on a full disk)."""
+    import resource
+    import subprocess
+    import sys
+
+    from conftest import REPO, script_env
+
+    def limit_files():
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+    return subprocess.run([sys.executable, str(REPO / "train.py"), *map(str, args)], cwd=REPO, env=script_env(),
+                          capture_output=True, text=True, preexec_fn=limit_files, timeout=300)
+
+
+@pytest.mark.parametrize("algo, limit, file", [(["--algo", "es", *TINY[:4]], 2_000_000, "model.safetensors"),
+                                               (["--algo", "grpo", "--prompts", 2, "--group-size", 2], 6_000_000,
+                                                "training_state.pt")])
+def test_a_full_disk_is_one_line_and_loses_nothing(algo, limit, file, tmp_path, model_dir):
+    common = ["--model", model_dir, "--out", tmp_path, *algo, "--save-every", 1, *TINY[4:]]
+    assert run_in_process("train.py", *common, "--steps", 1)[0] == 0
+    run = next(tmp_path.iterdir())
+    r = _limited(limit, *common, "--steps", 2, "--resume")
+    last = assert_one_line_error("full disk", r.returncode, r.stderr, r"error: could not write ")
+    assert file in last and f"the previous checkpoint {run / 'step-000001'} is intact" in last and " MB free" in last
+    assert sorted(p.name for p in run.iterdir() if "step-" in p.name) == ["step-000001"]  # no partial directory
+    assert (run / "latest").read_text() == "step-000001"
+
+
+@pytest.mark.parametrize("algo, what", [
+    (["--algo", "es", "--alpha", "1e6", *TINY[:4]], "a weight of the model grew to"),
+    (["--algo", "grpo", "--lr", "1e6", "--prompts", 2, "--group-size", 2], "a weight of the model grew to"),
+    (["--algo", "es", "--sigma", "1e30", "--no-greedy", *TINY[:4]], "the model's next-token distribution is not"),
+])
+def test_a_run_blowing_up_stops_before_it_saves(algo, what, tmp_path, model_dir, capsys):
+    code, message = run_in_process("train.py", *algo, "--model", model_dir, "--out", tmp_path, "--steps", 3,
+                                   "--save-every", 1, *TINY[4:])
+    last = assert_one_line_error("a diverging run", code, capsys.readouterr().err + message)
+    assert last.startswith(f"error: step 1: {what}") and "--lr/--alpha" in last
+    run = next(tmp_path.iterdir())
+    assert not (run / "latest").exists() and not list(run.glob("step-*"))
+
+
+def test_rank_without_torchrun_is_one_line(tmp_path, model_dir, monkeypatch, capsys):
+    monkeypatch.setenv("RANK", "0")
+    for name in ("WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
+        monkeypatch.delenv(name, raising=False)
+    code, message = run_in_process("train.py", "--model", model_dir, "--out", tmp_path, *TINY)
+    last = assert_one_line_error("RANK without torchrun", code, capsys.readouterr().err + message)
+    assert "RANK is set" in last and "torchrun" in last

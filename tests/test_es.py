@@ -184,6 +184,28 @@ def test_resume_is_bit_exact(tmp_path, tiny_model_dir):
     assert all(torch.equal(a[k], b[k]) for k in a)
 
 
+def test_8bit_resume_is_bit_exact_and_its_checkpoints_load(tmp_path, tiny_model_dir):
+    """2 + 2 steps of 8-bit ES equal 4: the state holds the masters and the int8 row scales, and --resume writes
+    them into the start model; a checkpoint holds the dequantized float model, which eval.py and --model load."""
+    model = ["--model", tiny_model_dir, "--load-in-8bit", "--mode", "inplace"]
+    run_train(["--steps", "4", "--run-name", "straight"] + model, tmp_path)
+    run_train(["--steps", "2", "--run-name", "resumed", "--save-every", "2"] + model, tmp_path)
+    run_train(["--steps", "4", "--run-name", "resumed", "--resume"] + model, tmp_path)
+    a, b = final_weights(tmp_path / "straight", 4), final_weights(tmp_path / "resumed", 4)
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    assert all(v.is_floating_point() for v in a.values())  # dequantized: no int8 weights, no scales
+    states = [torch.load(tmp_path / run / "step-000004" / "training_state.pt", weights_only=False)["algorithm"]
+              for run in ("straight", "resumed")]
+    for key in ("master", "row_scales"):
+        assert all(x is y is None or torch.equal(x, y) for x, y in zip(states[0][key], states[1][key])), key
+    assert any(s is not None for s in states[0]["row_scales"])
+    checkpoint = str(tmp_path / "straight" / "step-000004")
+    run_train(["--steps", "1", "--run-name", "again", "--model", checkpoint, "--load-in-8bit"], tmp_path)
+    out = subprocess.run([sys.executable, "eval.py", "--model", checkpoint, "--problems", "4", "--n", "1", "--k", "1"],
+                         cwd=ROOT, capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert out.returncode == 0, out.stderr[-3000:]
+
+
 # --- lowrank (EGGROLL) mode --------------------------------------------------------------------------
 
 def member_factors(es, seed, t):

@@ -276,23 +276,3 @@ def test_sampling_ignores_the_models_generation_defaults(model_dir, model, token
     a = generate(model, tokenizer, prompts, max_new_tokens=10, temperature=1.0, seed=5)
     b = generate(other, tokenizer, prompts, max_new_tokens=10, temperature=1.0, seed=5)
     assert a.texts == b.texts
-
-
-def test_the_evaluations_entropy_pass_keeps_its_logits_under_a_budget(model, tokenizer, task, monkeypatch):
-    """A real vocabulary makes the [rows, completion, vocabulary] logits of 256 rows tens of GB; evaluate takes
-    as many rows at a time as keep them within LOGITS_BYTES, with the same metrics."""
-    import minies.evaluate as ev
-    import minies.rollout
-    problems = task.test_problems()[:8]
-    whole = ev.evaluate(model, tokenizer, task, problems, n=4, ks=(1,), greedy=False)
-    chunks, real = [], ev.completion_logprobs
-
-    def logprobs(model, prompt_ids, prompt_mask, completion_ids, *args, chunk, **kwargs):
-        chunks.append((chunk, len(prompt_ids), 4 * chunk * completion_ids.shape[1] * model.config.vocab_size))
-        return real(model, prompt_ids, prompt_mask, completion_ids, *args, chunk=chunk, **kwargs)
-    monkeypatch.setattr(ev, "completion_logprobs", logprobs)
-    monkeypatch.setattr(minies.rollout, "LOGITS_BYTES", 4 * 3 * 10 * model.config.vocab_size)  # 3 rows of 10 tokens
-    bounded = ev.evaluate(model, tokenizer, task, problems, n=4, ks=(1,), greedy=False)
-    assert chunks and all(chunk < rows and size <= minies.rollout.LOGITS_BYTES for chunk, rows, size in chunks)
-    assert bounded["entropy"] == pytest.approx(whole["entropy"], rel=1e-5)
-    assert {k: v for k, v in bounded.items() if k != "entropy"} == {k: v for k, v in whole.items() if k != "entropy"}

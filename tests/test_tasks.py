@@ -324,10 +324,10 @@ def test_eval_data_is_the_whole_test_split_and_training_never_sees_it(tmp_path):
     train_file.write_text("\n".join(rows[:700] + extra) + "\n")
     task = GSM8K(data=train_file, eval_data=GSM8K_FILE)
     assert [p.question for p in task.test_problems()] == [json.loads(r)["question"] for r in rows]  # all 1,319
-    assert task.overlap == 700 and task.split_note is None
+    assert task.notes == ["700 problem(s) of --data are also in --eval-data: left out of training"]
     assert {p.question for p in task.train_problems(60, seed=0)} == {json.loads(r)["question"] for r in extra}
     alone = GSM8K(data=GSM8K_FILE)  # the fallback: one file split in two, and a note saying so
-    assert len(alone.test_problems()) == 500 and "no --eval-data" in alone.split_note
+    assert len(alone.test_problems()) == 500 and "no --eval-data" in alone.notes[0]
     with pytest.raises(UserError, match="every problem is also in --eval-data"):
         GSM8K(data=GSM8K_FILE, eval_data=GSM8K_FILE)
 

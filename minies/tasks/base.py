@@ -20,7 +20,7 @@ other seed and never include a test problem. With data files (`data` to train on
 on) every row of `eval_data` is a test problem and the rows of `data` that are not train. With `data`
 alone, `train_problems=N` takes its first N rows to train on and the rest to test on, in the file's order
 (Qiu et al.'s regime: the first 200 rows, then the last 2,000); without it, a fallback shuffles the file
-with the seed and holds out `test_size` rows (at most half), which `split_note` reports. A fixed
+with the seed and holds out `test_size` rows (at most half), which `notes` report. A fixed
 training set (`train_problems=N`) is the same N problems every step; otherwise training draws shuffled
 passes over the training rows, or fresh generated problems.
 """
@@ -130,7 +130,7 @@ class Task:
                                 f"file; drop {flag}")
         if data is None and eval_data is None and self.needs_data:
             raise UserError(self.data_help)
-        self.split_note = None  # set when a single file is split in two by the fallback
+        self.notes = []  # what the scripts print for the user: how the data was split, what was left out
         rows = read_problems(data, self.parse_row, "--data") if data is not None else None
         if eval_data is not None:
             self._test = read_problems(eval_data, self.parse_row, "--eval-data", least=1)
@@ -143,21 +143,27 @@ class Task:
             random.Random(f"{self.name}-split-{seed}").shuffle(rows)
             n_test = min(test_size, len(rows) // 2)
             self._test, rows = rows[:n_test], rows[n_test:]
-            self.split_note = (f"no --eval-data: holding out {n_test} of the {n_test + len(rows)} problems of "
-                               f"{data} (shuffled with --seed) to evaluate on")
+            self.notes.append(f"no --eval-data: holding out {n_test} of the {n_test + len(rows)} problems of {data} "
+                              "(shuffled with --seed) to evaluate on")
         else:
             self._test = self._draw(random.Random(f"{self.name}-test-{seed}"), test_size, set())
         self._test_questions = {p.question for p in self._test}
-        self.overlap = 0  # training rows dropped because the test split holds the same question
         if rows is not None:
             kept = [p for p in rows if p.question not in self._test_questions]
-            self.overlap, rows = len(rows) - len(kept), kept
-            if not rows:
+            if not kept:
                 raise UserError(f"--data {data}: every problem is also in --eval-data {eval_data}; nothing to train on")
+            if len(kept) < len(rows):
+                self.notes.append(f"{len(rows) - len(kept)} problem(s) of --data are also in --eval-data: left out of "
+                                  "training")
+            rows = kept
         if train_problems is not None and rows is None:
             rows = self._draw(random.Random(f"{self.name}-train-fixed-{seed}"), train_problems, self._test_questions)
         self._train = rows[:train_problems] if rows is not None and train_problems is not None else rows
-        self.fixed_training_set = train_problems is not None
+        if data is not None:
+            self.check_training_rows(data)
+
+    def check_training_rows(self, data):
+        """A task that can tell a problem with no solution (Countdown) reports those of its training rows here."""
 
     def _draw(self, rng, count, excluded):
         """`count` distinct generated problems, none of whose questions is in `excluded`."""
@@ -232,17 +238,19 @@ def read_problems(path, parse_row, flag="--data", least=2):
         raise UserError(f"{flag} {path}: cannot read it ({reason}); pass the path of a local JSON Lines file") from None
     if text.lstrip().startswith("["):
         try:
-            rows = [(f"row {i}", row) for i, row in enumerate(json.loads(text), 1)]
-        except ValueError as e:
-            raise UserError(f"{path}: not valid JSON ({e}); fix the file or write one JSON object per line") from None
+            rows = [(f"row {i}", row) for i, row in enumerate(json.loads(text, object_pairs_hook=unique_keys), 1)]
+        except (ValueError, RecursionError) as e:
+            reason = "nested too deeply" if isinstance(e, RecursionError) else e
+            raise UserError(f"{path}: not valid JSON ({reason}); fix the file or write one JSON object per line") from None
     else:
         rows = [(f"line {i}", line) for i, line in enumerate(text.splitlines(), 1) if line.strip()]
     problems, seen = [], set()
     for where, row in rows:
         try:
-            problem = parse_row(json.loads(row) if isinstance(row, str) else row)
-        except ValueError as e:  # bad JSON, or a row parse_row rejects
-            raise UserError(f"{path} {where}: {e}; fix or delete that {where.split()[0]}") from None
+            problem = parse_row(json.loads(row, object_pairs_hook=unique_keys) if isinstance(row, str) else row)
+        except (ValueError, RecursionError) as e:  # bad JSON, JSON nested past Python's stack, or a bad row
+            reason = "nested too deeply" if isinstance(e, RecursionError) else e
+            raise UserError(f"{path} {where}: {reason}; fix or delete that {where.split()[0]}") from None
         if problem.question not in seen:
             seen.add(problem.question)
             problems.append(problem)
@@ -250,3 +258,12 @@ def read_problems(path, parse_row, flag="--data", least=2):
         need = "one to test, one to train on" if least == 2 else "one to evaluate on"
         raise UserError(f"{flag} {path}: {len(problems)} problem(s); need at least {least} ({need})")
     return problems
+
+
+def unique_keys(pairs):
+    """A JSON object as a dict, refusing a key written twice (json keeps the last one silently)."""
+    keys = [key for key, _ in pairs]
+    repeated = sorted({key for key in keys if keys.count(key) > 1})
+    if repeated:
+        raise ValueError(f"the key {repeated[0]!r} appears twice")
+    return dict(pairs)

@@ -41,8 +41,9 @@ from fractions import Fraction
 
 from minies.tasks.base import (PROMPT_STYLES, PromptStyle, Score, SolvedProblem, Task, answer_tags, last_answer_tag,
                                make_score)
+from minies import UserError
 from minies.tasks.expressions import (TARGET, TOLERANCE, cached_solutions, parse_expression, python_value,
-                                      random_expression, reaches)
+                                      random_expression, reaches, solvable)
 
 # (numbers per problem, smallest number, largest number, largest target or None) of generated problems
 GENERATED = {"terse": ((3,), 1, 20, None), "instruct": ((3, 4), 1, 99, 100)}
@@ -128,6 +129,8 @@ class Countdown(Task):
     def parse_row(self, row):
         if not isinstance(row, dict):
             raise ValueError("expected a JSON object with \"numbers\" (or \"nums\") and \"target\"")
+        if "numbers" in row and "nums" in row:
+            raise ValueError("both \"numbers\" and \"nums\": give one of them")
         numbers, target = row.get("numbers", row.get("nums")), row.get("target")
         if not (isinstance(numbers, list) and 2 <= len(numbers) <= 6
                 and all(isinstance(n, int) and not isinstance(n, bool) and n > 0 for n in numbers)):
@@ -140,6 +143,15 @@ class Countdown(Task):
             if row.get(key) is not None and not isinstance(row[key], str):
                 raise ValueError(f"\"{key}\" must be a string (or null)")
         return self.make_problem(numbers, target, row.get("solution"), row.get("context"))
+
+    def check_training_rows(self, data):
+        unsolvable = sum(not solvable(p.numbers, p.answer) for p in self._train)
+        if unsolvable == len(self._train):
+            raise UserError(f"--data {data}: no training problem can be solved (no expression over its numbers reaches "
+                            "its target); check the file's numbers and targets")
+        if unsolvable:
+            self.notes.append(f"{unsolvable} of the {len(self._train)} training problems of {data} have no solution "
+                              "(no expression over their numbers reaches the target): they can only score 0")
 
     def score(self, completion, problem):
         return {"minies": self.minies_score, "qiu": qiu_score, "tinyzero": tinyzero_score}[self.reward](

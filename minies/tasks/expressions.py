@@ -88,8 +88,21 @@ def cached_solutions(numbers, target):  # evaluations count the same test proble
 
 
 def solvable(numbers, target):
-    """Whether some expression over `numbers` (each exactly once) reaches `target`."""
-    return bool(_expressions(numbers, target))
+    """Whether some expression over `numbers` (each exactly once) reaches `target`: a depth-first search that
+    replaces two of the values by one of their combinations until one value is left, and stops at the first
+    hit (a few milliseconds for four numbers; solutions() builds every expression instead)."""
+    def search(values):
+        if len(values) == 1:
+            return reaches(values[0], target)
+        for i in range(len(values)):
+            for j in range(i + 1, len(values)):
+                a, b, rest = values[i], values[j], values[:i] + values[i + 1:j] + values[j + 1:]
+                combined = {a + b, a - b, b - a, a * b, *([a / b] if b else []), *([b / a] if a else [])}
+                if any(search(rest + [value]) for value in combined):
+                    return True
+        return False
+
+    return search([Fraction(n) for n in numbers])
 
 
 def _expressions(numbers, target):
