@@ -14,7 +14,8 @@ import minies.grpo
 import minies.rollout
 import train
 from conftest import DenseArithmetic, logps
-from minies.grpo import GRPO, GRPOConfig, group_advantages, grpo_loss
+from minies.grpo import GRPO, GRPOConfig
+from minies.grpo_loss import group_advantages, grpo_loss
 from minies.models import load_model, load_tokenizer
 from minies.rollout import format_prompts, generate
 from minies.tasks import Arithmetic

@@ -12,7 +12,8 @@ import torch.multiprocessing as mp
 
 from conftest import finish, start_script
 from conftest import no_grad_logps as logps
-from minies.grpo import GRPO, group_advantages
+from minies.grpo import GRPO
+from minies.grpo_loss import group_advantages
 from minies.ivon import IVON
 from minies.models import load_model, load_tokenizer
 from minies.rollout import format_prompts, generate
