@@ -101,3 +101,31 @@ def test_gsm8k_trains_only_from_data(tmp_path, model_dir, capsys):
     code, message = run_in_process("train.py", "--model", model_dir, "--task", "gsm8k", "--eval-data",
                                    REPO / "tests" / "data" / "gsm8k_test.jsonl", "--out", tmp_path)
     assert_one_line_error("gsm8k without --data", code, capsys.readouterr().err + message, r"error: --task gsm8k")
+
+
+def test_plot_reads_a_runs_curves(trained, capsys):
+    """plot.py's panels from a run's log and summary: every step's reward, the held-out metrics with the
+    before/after evaluations at both ends; without matplotlib, one line saying how to get it."""
+    import importlib.util
+
+    import plot
+
+    out, run_dir = trained
+    rows, summary = plot.read_run(run_dir)
+    every = [r["step"] for r in rows]
+    assert every[0] == 1 and plot.points(rows, summary, "reward_mean", None, None) == (
+        every, [r["reward_mean"] for r in rows])
+    steps, values = plot.points(rows, summary, None, "heldout_pass@1", "pass@1")
+    assert steps == [0, every[-1]] and values == [summary["before"]["pass@1"], summary["after"]["pass@1"]]
+    code, message = run_in_process("plot.py", run_dir, "--out", out / "curves.png")
+    if importlib.util.find_spec("matplotlib") is None:
+        assert code == 2 and capsys.readouterr().err.strip() == (
+            "error: plotting needs matplotlib, which minies does not require: pip install matplotlib")
+    else:
+        assert code == 0 and (out / "curves.png").stat().st_size > 0, capsys.readouterr().err + message
+
+
+def test_plot_of_a_missing_run_is_one_line(tmp_path, capsys):
+    code, message = run_in_process("plot.py", tmp_path / "nope")
+    err = capsys.readouterr().err + message
+    assert code == 2 and err.strip().splitlines()[-1].startswith(f"error: {tmp_path / 'nope' / 'log.jsonl'}")
