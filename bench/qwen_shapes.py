@@ -5,7 +5,7 @@
 - QWEN2_SHAPES: the public config values of Qwen2.5-0.5B/1.5B/7B(-Instruct) (their config.json files);
 - scaled_shape: the same architecture a thousand times smaller, for CPU tests;
 - chatml_tokenizer: a byte-level tokenizer with Qwen2.5's special tokens and ChatML chat template;
-- save_random_qwen2: a randomly initialised Qwen2ForCausalLM + that tokenizer, saved like a hub model;
+- save_random_qwen2: a randomly initialized Qwen2ForCausalLM + that tokenizer, saved like a hub model;
 - parameter_count / memory_rows: bytes per parameter of every method, read off the code (docs/real-models.md).
 """
 import torch

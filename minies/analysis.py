@@ -49,7 +49,7 @@ def js_diversity(outcomes):
     which is 0 when every member has the same distribution and at most log2(N), reached when the
     members' supports are disjoint. Returns mean_j JS_j / log2(N). Members may have different numbers
     of samples; every member must cover the same prompts. Needs N >= 2 (one member has no diversity
-    to normalise).
+    to normalize).
     """
     members = len(outcomes)
     if members < 2:

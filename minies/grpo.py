@@ -11,7 +11,7 @@ are the first pass's, detached: at the first pass ratio = 1 and the loss value i
 gradient is the policy gradient (docs/papers.md, "GRPO").
 
 A batch is cut into micro-batches whose gradients accumulate, and with torchrun the prompts are
-shared between processes under DistributedDataParallel. Every normaliser of the loss (B, Σ|o_i|) is the
+shared between processes under DistributedDataParallel. Every normalizer of the loss (B, Σ|o_i|) is the
 whole batch's, over all micro-batches and ranks, so the sum of the parts' losses is the loss of the
 batch and the gradient does not depend on how it was cut.
 
@@ -187,7 +187,7 @@ class GRPO:
                     loss, stats = grpo_loss(logps, old["policy"][i], advantages[rows], mask[rows], cfg.epsilon_low,
                                             cfg.epsilon_high, cfg.loss_aggregation, old["reference"][i], cfg.beta,
                                             **counts)
-                    # The loss is normalised by global counts, so the batch gradient is the sum over ranks;
+                    # The loss is normalized by global counts, so the batch gradient is the sum over ranks;
                     # DDP averages, hence the factor.
                     (loss * distributed.world_size()).backward()
             tokens = mask[rows].sum().item()

@@ -14,10 +14,10 @@ and the policy minimises, per completion token t of completion i,
 aggregated over the batch by one of
     grpo:    (1/B) Σ_i (1/|o_i|) Σ_t l_it          mean per sequence, then over sequences
     dapo:    Σ_it l_it / Σ_i |o_i|                  mean over all tokens of the batch
-    dr_grpo: Σ_it l_it / (B · max_new_tokens)       a constant normaliser, no length bias
+    dr_grpo: Σ_it l_it / (B · max_new_tokens)       a constant normalizer, no length bias
 
 When a call sees only part of a batch (a micro-batch, one rank's share), it is given the whole batch's
-normalisers (B, Σ|o_i|), so that the parts' losses and gradients add up to the batch's.
+normalizers (B, Σ|o_i|), so that the parts' losses and gradients add up to the batch's.
 """
 import torch
 

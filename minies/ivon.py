@@ -35,7 +35,7 @@ Usage (the loss's gradient must be taken inside the context, at the sampled weig
 Noise comes from a torch.Generator owned by the optimizer (seeded with `seed`), drawn as one fp32
 vector per parameter group, so runs are reproducible and resumable (state_dict saves it).
 
-Distributed (torchrun): when torch.distributed is initialised, step() averages ĝ and f over the
+Distributed (torchrun): when torch.distributed is initialized, step() averages ĝ and f over the
 ranks (all_reduce) before the update, so every rank applies the same update and the means stay
 identical (given identical initial weights). Every rank must call step() and take the same number
 of samples. With the same `seed` all ranks draw the same u, i.e. evaluate the same θ̂ on different

@@ -122,7 +122,7 @@ def load_model(name=SHIPPED_MODEL, dtype="float32", load_in_8bit=False, device=N
 
 def check_loaded(name, info):
     """A UserError when the weights on disk do not fit the architecture (transformers' loading info): a weight
-    it lacks would be silently initialised at random, and an extra one (another architecture's, or a file
+    it lacks would be silently initialized at random, and an extra one (another architecture's, or a file
     written by a different version) silently dropped. Tied weights (a head that shares the embedding) are
     not stored and are not missing; older checkpoints' rotary-frequency buffers are recomputed on load."""
     problems = {what: sorted(k for k in info.get(key) or () if not k.endswith("inv_freq"))

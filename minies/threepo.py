@@ -21,15 +21,15 @@ Where the paper leaves room, minies chooses:
 - The sequence ratio is the full likelihood ratio exp(Σ_t Δ_t) of the completion, not the per-token
   geometric mean exp(mean_t Δ_t): it is the weight that makes the chunk's rollouts unbiased for the
   fresh sample, and the sum is what the [0.5, 2] window bounds. Completions are short and two posterior
-  samples differ by ~σ, so the sum stays moderate; the mean would be a length-normalised, biased weight.
+  samples differ by ~σ, so the sum stays moderate; the mean would be a length-normalized, biased weight.
 - It replaces GRPO's token ratio rather than stacking on it: GRPO's π_old is the fresh sample itself
   (its log-probs, detached), so the token ratio is 1 and its clipping never acts; the loss is linear in
   A, so passing w_i·A_i weights each sequence's policy gradient by w_i. w carries no gradient.
-- A dropped rollout gets weight 0 but stays in the normalisers (B, Σ|o_i|) and in its group's
+- A dropped rollout gets weight 0 but stays in the normalizers (B, Σ|o_i|) and in its group's
   advantages: the step shrinks when much is dropped instead of amplifying what is left.
 - With the paper's window the truncation at 2 only acts at the window's edge; it matters when the
   window is widened (--ratio-keep-max inf gives plain truncated importance sampling).
-- The behaviour log-probs log π_θ̂n are recomputed by a forward pass at θ̂_n right after its chunk is
+- The behavior log-probs log π_θ̂n are recomputed by a forward pass at θ̂_n right after its chunk is
   generated, and log π_θ̂0 by a no-grad pass at θ̂_0 in the same mode, so w is exactly 1 when θ̂_0 = θ̂_n.
 - Chunk n holds completions n·G/N .. (n+1)·G/N − 1 of every group (G must be divisible by N).
 - Each sample's gradient is clipped to --max-grad-norm before IVON averages it (M3PO).
@@ -106,12 +106,12 @@ def weight_seeds(seed, count):
     return [int(s) for s in np.random.default_rng(seed).integers(0, 2**62, count)]
 
 
-def sequence_weights(logps, behaviour_logps, mask, truncate=2.0, keep_min=0.5, keep_max=2.0):
-    """Importance weights [B] of completions sampled under the behaviour policy, for the policy whose
+def sequence_weights(logps, behavior_logps, mask, truncate=2.0, keep_min=0.5, keep_max=2.0):
+    """Importance weights [B] of completions sampled under the behavior policy, for the policy whose
     log-probs are `logps` ([B, T] each, mask [B, T] on the completion tokens): the sequence ratio
-    w = exp(Σ_t mask·(logp − behaviour_logp)), 0 where it leaves [keep_min, keep_max], else min(w, truncate).
+    w = exp(Σ_t mask·(logp − behavior_logp)), 0 where it leaves [keep_min, keep_max], else min(w, truncate).
     Also returns log w."""
-    log_ratio = ((logps - behaviour_logps) * mask).sum(-1)
+    log_ratio = ((logps - behavior_logps) * mask).sum(-1)
     ratio = log_ratio.exp()
     kept = (ratio >= keep_min) & (ratio <= keep_max)
     return torch.where(kept, ratio.clamp(max=truncate), torch.zeros_like(ratio)), log_ratio
@@ -209,12 +209,12 @@ class C3PO(ThreePO):
         *chunk_seeds, fresh_seed = weight_seeds(seed, cfg.chunks + 1)
         # The G rollouts of each prompt come in N chunks, chunk n generated at θ̂_n ~ q.
         rank_seed = seed * distributed.world_size() + distributed.rank()
-        rollouts, _, behaviour_logps = self.sample_chunks(self.prompts(problems), rank_seed, chunk_seeds)
+        rollouts, _, behavior_logps = self.sample_chunks(self.prompts(problems), rank_seed, chunk_seeds)
         scores = self.score(problems, rollouts)
         advantages = self.advantages(scores.rewards)  # A over each whole pooled group of G
         with self.optimizer.sampled_params(train=True, seed=fresh_seed):  # a fresh θ̂_0 ~ q
             # w_i = exp(Σ_t [log π_θ̂0(y_it) − log π_θ̂n(y_it)]), 0 outside [keep_min, keep_max], truncated
-            weights, log_ratio = sequence_weights(self.token_logps(rollouts), behaviour_logps,
+            weights, log_ratio = sequence_weights(self.token_logps(rollouts), behavior_logps,
                                                   rollouts.completion_mask.float(), cfg.ratio_truncate,
                                                   cfg.ratio_keep_min, cfg.ratio_keep_max)
             update_log = self.policy_gradient(rollouts, advantages * weights)  # ĝ = ∇L_GRPO(θ̂_0) with w_i·A_i
@@ -227,20 +227,20 @@ class C3PO(ThreePO):
     def sample_chunks(self, prompts, seed, chunk_seeds):
         """Rollouts of `prompts` (each group's G copies side by side) whose chunk n, completions
         n·G/N .. (n+1)·G/N − 1 of every group, is generated at the weight sample of chunk_seeds[n].
-        Returns them in the prompts' order with each one's chunk [B] and behaviour log-probs [B, C]
+        Returns them in the prompts' order with each one's chunk [B] and behavior log-probs [B, C]
         (under its own sample, computed right after its chunk is generated)."""
         G, N = self.config.group_size, self.config.chunks
         chunk = torch.arange(len(prompts)) % G // (G // N)
-        rows, parts, behaviour = [], [], []
+        rows, parts, behavior = [], [], []
         for n in range(N):
             rows.append(chunk.eq(n).nonzero().flatten())
             with self.optimizer.sampled_params(train=False, seed=chunk_seeds[n]):
                 parts.append(self.generate([prompts[i] for i in rows[-1]], seed * N + n))
-                behaviour.append(self.token_logps(parts[-1]))
+                behavior.append(self.token_logps(parts[-1]))
         joined = concat_rollouts(parts, self.tokenizer.pad_token_id)
-        behaviour = torch.cat([pad_right(b, joined.completion_ids.shape[1], 0.0) for b in behaviour])
+        behavior = torch.cat([pad_right(b, joined.completion_ids.shape[1], 0.0) for b in behavior])
         order = torch.cat(rows).argsort()  # row j of the joined rollouts is prompt torch.cat(rows)[j]
-        return joined.select(order), chunk, behaviour[order]
+        return joined.select(order), chunk, behavior[order]
 
     def token_logps(self, rollouts):
         """Log-probs [B, C] of the completion tokens under the weights in place, without grad."""

@@ -71,7 +71,7 @@ def test_js_diversity_mixed_case_by_hand():
 
 def test_js_diversity_three_members_by_hand():
     # One prompt, greedy outcomes x, x, y: mixture {2/3, 1/3}, every member one-hot, so JS = H(2/3, 1/3),
-    # normalised by log2(3).
+    # normalized by log2(3).
     expected = -(2 / 3 * math.log2(2 / 3) + 1 / 3 * math.log2(1 / 3)) / math.log2(3)
     assert js_diversity([[["x"]], [["x"]], [["y"]]]) == pytest.approx(expected, abs=1e-12)
 
@@ -187,7 +187,7 @@ def test_rescue_counts():
 def test_rank_correlation_by_hand():
     assert rank_correlation([1, 2, 3, 4], [10, 20, 30, 40]) == pytest.approx(1.0)
     assert rank_correlation([1, 2, 3, 4], [0.4, 0.3, 0.2, 0.1]) == pytest.approx(-1.0)
-    # Ranks (0, 1, 2) against (0, 2, 1): centred (-1, 0, 1) and (-1, 1, 0), covariance 1 over variance 2.
+    # Ranks (0, 1, 2) against (0, 2, 1): centered (-1, 0, 1) and (-1, 1, 0), covariance 1 over variance 2.
     assert rank_correlation([1, 2, 3], [1, 3, 2]) == pytest.approx(0.5)
     # Only ranks count: a monotone transform changes nothing.
     assert rank_correlation([1, 2, 3], [1, 1000, 2]) == pytest.approx(0.5)

@@ -27,7 +27,7 @@ pytestmark = pytest.mark.usefixtures("one_thread")  # from conftest.py
 
 
 def make_grpo(model_dir, load_in_8bit=False, dtype="float32", **overrides):
-    torch.manual_seed(0)  # the adapters' initialisation, as train.py seeds it
+    torch.manual_seed(0)  # the adapters' initialization, as train.py seeds it
     model = load_model(model_dir, dtype, load_in_8bit=load_in_8bit, device="cpu")
     return GRPO(model, load_tokenizer(model_dir), DenseArithmetic(test_size=20), GRPOConfig(**{**SMALL, **overrides}))
 
@@ -229,7 +229,7 @@ def flag_generation(monkeypatch, module):
 @pytest.mark.parametrize("name", ["grpo", "b3po", "m3po", "c3po"])
 def test_every_pass_of_a_step_keeps_to_the_logits_cap(tiny_model_dir, monkeypatch, name):
     """With LOGITS_BYTES below one completion's logits, every pass over completions of a step (the policy's,
-    the reference's, 3PO's behaviour and fresh-sample passes) takes one row at a time, and the step's
+    the reference's, 3PO's behavior and fresh-sample passes) takes one row at a time, and the step's
     gradient and weights are, to rounding, those of passes over 8 rows."""
     config_class, algorithm_class = train.algorithms()[name]
     problems = DenseArithmetic(test_size=20).train_problems(2, seed=0)

@@ -54,7 +54,7 @@ def test_instruct_prompts_render_in_chatml(qwen_dir, qwen):
     from minies.rollout import format_prompts
     from minies.tasks import get_task
 
-    assert prompt_style_for("auto", load_config(qwen_dir)) == "instruct"  # no minies_defaults: a hub model
+    assert prompt_style_for("auto", load_config(qwen_dir)) == "instruct"  # no minies_recipe: a hub model
     task = get_task("countdown", prompt_style="instruct")
     problem = task.test_problems()[0]
     [prompt] = format_prompts(qwen[1], [problem.question])

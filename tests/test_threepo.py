@@ -52,14 +52,14 @@ class VariedTask(Arithmetic):
 def test_sequence_weights_by_hand():
     # Two tokens per row; the third is masked out and must not count (it holds a huge log-ratio).
     ratios = torch.tensor([1.5, 3.0, 0.4, 0.55, 1.9, 2.1], dtype=torch.float64)
-    behaviour = -torch.rand(6, 3, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    behavior = -torch.rand(6, 3, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
     delta = torch.stack([ratios.log() * 0.25, ratios.log() * 0.75, torch.full((6,), 50.0, dtype=torch.float64)], 1)
     mask = torch.tensor([[1, 1, 0]] * 6, dtype=torch.float64)
-    w, log_w = sequence_weights(behaviour + delta, behaviour, mask)
+    w, log_w = sequence_weights(behavior + delta, behavior, mask)
     torch.testing.assert_close(log_w, ratios.log())
     torch.testing.assert_close(w, torch.tensor([1.5, 0, 0, 0.55, 1.9, 0], dtype=torch.float64))
     # Widening the window lets the truncation act: 3.0 and 2.1 are kept at 2; 0.4 is still dropped.
-    w, _ = sequence_weights(behaviour + delta, behaviour, mask, truncate=2.0, keep_min=0.5, keep_max=math.inf)
+    w, _ = sequence_weights(behavior + delta, behavior, mask, truncate=2.0, keep_min=0.5, keep_max=math.inf)
     torch.testing.assert_close(w, torch.tensor([1.5, 2.0, 0, 0.55, 1.9, 2.0], dtype=torch.float64))
 
 
@@ -124,10 +124,10 @@ def test_c3po_chunks_and_pooled_advantages(tiny_model_dir, monkeypatch):
     prompts = format_prompts(algo.tokenizer, [p.question for p in problems for _ in range(G)])
     seeds = weight_seeds(3, N + 1)
     before = weights(algo)
-    r, chunk, behaviour_logps = algo.sample_chunks(prompts, 7, seeds[:N])
+    r, chunk, behavior_logps = algo.sample_chunks(prompts, 7, seeds[:N])
     assert all(torch.equal(a, b) for a, b in zip(before, weights(algo)))
     assert chunk.tolist() == [0, 0, 1, 1, 0, 0, 1, 1]
-    # Chunk n is exactly what generating those rows at weight sample n gives, and its behaviour
+    # Chunk n is exactly what generating those rows at weight sample n gives, and its behavior
     # log-probs are that sample's (not the other's).
     for n in range(N):
         rows = chunk.eq(n).nonzero().flatten().tolist()
@@ -140,7 +140,7 @@ def test_c3po_chunks_and_pooled_advantages(tiny_model_dir, monkeypatch):
         assert [r.texts[i] for i in rows] == alone.texts
         width = alone.completion_ids.shape[1]
         mask = alone.completion_mask.bool()
-        torch.testing.assert_close(behaviour_logps[rows][:, :width][mask], here[mask])
+        torch.testing.assert_close(behavior_logps[rows][:, :width][mask], here[mask])
         assert not torch.allclose(there[mask], here[mask])
         assert torch.all(r.completion_mask[rows][:, width:] == 0)
 
