@@ -16,7 +16,7 @@ import os
 import sys
 from dataclasses import dataclass
 
-from minies import ArgumentParser, UserError, check_writable, run_script
+from minies import ArgumentParser, UserError, check_writable, decoding, run_script
 from minies.config import ModelOptions, TaskOptions, add_arguments, checked, from_args, option
 from minies.evaluate import evaluate
 from minies.models import default_model, load_config, load_model, load_tokenizer, prompt_style_for
@@ -75,6 +75,8 @@ def main(argv=None):
         print(f"note: {note}", file=sys.stderr)
     tok = load_tokenizer(cfg.model)
     model = load_model(cfg.model, cfg.dtype, cfg.load_in_8bit)
+    if not cfg.compile_decoding:
+        decoding.keep_eager(model)
     metrics = evaluate(model, tok, task, task.test_problems()[:cfg.problems], n=cfg.n, ks=cfg.k,
                        temperature=cfg.temperature, seed=cfg.seed, micro_batch=cfg.micro_batch,
                        chat_template=cfg.chat_template, progress=True)

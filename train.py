@@ -22,7 +22,7 @@ from dataclasses import asdict, dataclass
 import torch
 from tqdm import tqdm
 
-from minies import ArgumentParser, UserError, check_writable, checkpoint, distributed, run_script
+from minies import ArgumentParser, UserError, check_writable, checkpoint, decoding, distributed, run_script
 from minies.config import ModelOptions, TaskOptions, add_arguments, from_args, option
 from minies.guard import Diverged, check_weights, largest_weight
 from minies.evaluate import evaluate
@@ -165,6 +165,8 @@ def main(argv=None):
     # --resume starts again from the start model too: the training state holds the trained weights (ES's masters,
     # GRPO's weights or adapters), and the model a checkpoint holds (merged, dequantized) is for eval.py.
     model = load_model(cfg.model, cfg.dtype, cfg.load_in_8bit)
+    if not cfg.compile_decoding:
+        decoding.keep_eager(model)
     algo = Algorithm(model, tok, task, algo_cfg, chat_template=cfg.chat_template)
 
     start_step, tokens, before = 0, 0, None
@@ -230,9 +232,11 @@ def main(argv=None):
     distributed.close()
 
 
-# Settings a resumed run may change: how long it runs, how often it evaluates and saves, and where (not how) ES
-# keeps its masters. Any other difference would continue one run with the settings of another.
-MAY_CHANGE_ON_RESUME = {"steps", "eval_every", "save_every", "resume", "out", "run_name", "master_device"}
+# Settings a resumed run may change: how long it runs, how often it evaluates and saves, where (not how) ES
+# keeps its masters, and whether decoding is compiled. Any other difference would continue one run with the
+# settings of another.
+MAY_CHANGE_ON_RESUME = {"steps", "eval_every", "save_every", "resume", "out", "run_name", "master_device",
+                        "compile_decoding"}
 
 
 def check_resumed_settings(run_dir, cfg, algo_cfg):

@@ -8,13 +8,16 @@ special tokens and chat template, so loading, 8-bit conversion, generation and t
 code a real checkpoint runs. Each (algorithm, dtype) row is a call of train.main in this process and
 reports pass/fail, peak GPU memory (torch.cuda.max_memory_allocated, reset before each run) and the
 mean step time from the run's log.jsonl. Then ES's exact restore is checked on the device: 20 cycles of
-writing perturbed weights and clean ones leave every parameter and buffer bit-identical.
+writing perturbed weights and clean ones leave every parameter and buffer bit-identical. Last, decoding
+(CUDA only): greedy tokens/s eager against compiled (minies/decoding.py) at batches 1 to 256 in bfloat16,
+whether both give the same tokens, and whether compiled decoding follows ES's in-place writes.
 """
 import argparse
 import gc
 import json
 import os
 import tempfile
+import time
 import traceback
 from dataclasses import dataclass
 
@@ -22,10 +25,12 @@ import torch
 
 import train
 from bench.qwen_shapes import QWEN2_SHAPES, save_random_qwen2, scaled_shape
-from minies import ArgumentParser, run_script
+from minies import ArgumentParser, decoding, run_script
 from minies.config import add_arguments, from_args, option
 from minies.es import ES, ESConfig, member_seeds
 from minies.models import load_model, load_tokenizer, model_device
+from minies.rollout import generate
+from minies.tasks import get_task
 
 # The train.py flags of every run, in one place to adjust. --params '.*': ES perturbs every tensor,
 # int8 ones included, so the whole write path runs (the default regex suits the shipped model only).
@@ -52,6 +57,8 @@ class CheckConfig:
     max_new_tokens: int = option(32, "completion length of every rollout")
     prompts: int = option(16, "prompts per ES step (GRPO and 3PO: half as many, 4 completions each)")
     restore_cycles: int = option(20, "perturb/clean cycles of the exact-restore check")
+    decode_batches: str = option("1,8,64,256", "comma-separated batch sizes of the decoding measurement (CUDA only)")
+    decode_tokens: int = option(64, "tokens decoded per row in the decoding measurement")
     allow_cpu: bool = option(False, "without CUDA, run on the CPU instead of stopping (for tests)")
     out: str = option(None, "directory for the model and the runs (default: a temporary one)")
 
@@ -116,6 +123,44 @@ def restore_is_exact(model_dir, dtype, cycles):
     return all(torch.equal(before[name], after[name]) for name in before)
 
 
+@torch.no_grad()
+def decoding_speed(model_dir, batches, new_tokens):
+    """Greedy decoding of `new_tokens` tokens for each batch of Countdown prompts in bfloat16, eager and compiled
+    (minies/decoding.py), each timed on its second call (the first compiles and records):
+    ([(batch, eager tokens/s, compiled tokens/s, same tokens)], whether compiled decoding follows ES's in-place
+    writes: a member's weights change the tokens sampled with one seed, and the clean weights give the clean
+    tokens back; sampled, as a random model's greedy tokens hardly depend on its weights)."""
+    tok = load_tokenizer(model_dir)
+    eager, compiled = (load_model(model_dir, "bfloat16").requires_grad_(False) for _ in range(2))
+    decoding.keep_eager(eager)
+    task = get_task("countdown", prompt_style="instruct")
+    rows = []
+    for batch in batches:
+        prompts = task.prompts(tok, task.test_problems()[:batch])
+        runs = []
+        for model in (eager, compiled):
+            generate(model, tok, prompts, new_tokens, greedy=True, micro_batch=batch)
+            torch.cuda.synchronize()
+            start = time.perf_counter()
+            r = generate(model, tok, prompts, new_tokens, greedy=True, micro_batch=batch)
+            torch.cuda.synchronize()
+            runs.append((r.completion_ids, r.completion_ids.numel() / (time.perf_counter() - start)))
+        (eager_ids, eager_speed), (compiled_ids, compiled_speed) = runs
+        rows.append((batch, eager_speed, compiled_speed, torch.equal(eager_ids, compiled_ids)))
+    es = ES(compiled, tok, task, ESConfig(params=".*", mode="inplace"))
+
+    def decoded():  # the last batch's prompts, in the shape already compiled
+        return generate(compiled, tok, prompts, new_tokens, micro_batch=batches[-1]).completion_ids
+
+    clean = decoded()
+    for t in es.tensors:
+        t.write_perturbed(seed=1, sign=1.0, sigma=es.config.sigma)
+    member = decoded()
+    for t in es.tensors:
+        t.write_clean()
+    return rows, not torch.equal(member, clean) and torch.equal(decoded(), clean)
+
+
 def build_model(cfg, out):
     """Save the random model under test; the full shapes in bfloat16 (half the disk and load time)."""
     shape = scaled_shape("0.5b") if cfg.shape == "scaled" else QWEN2_SHAPES[cfg.shape]
@@ -137,6 +182,17 @@ def check(cfg, out):
               + (f"  {error}" if error else ""))
     for dtype, ok in exact.items():
         print(f"ES restore after {cfg.restore_cycles} cycles, {dtype}: {'bit-exact' if ok else 'NOT EXACT'}")
+    if not torch.cuda.is_available():
+        print("decoding, eager vs compiled: skipped (compiled decoding runs on CUDA only)")
+        return rows, exact
+    speeds, follows = decoding_speed(model_dir, [int(b) for b in cfg.decode_batches.split(",")], cfg.decode_tokens)
+    print(f"\n# greedy decoding, bfloat16, {cfg.decode_tokens} tokens per row (tokens/s: rows x decoding steps)")
+    print(f"{'batch':>6s} {'eager tok/s':>12s} {'compiled tok/s':>15s} {'speedup':>8s}  same tokens")
+    for batch, eager_speed, compiled_speed, same in speeds:
+        print(f"{batch:6d} {eager_speed:12.0f} {compiled_speed:15.0f} {compiled_speed / eager_speed:7.1f}x  "
+              f"{'yes' if same else 'no'}")
+    print(f"compiled decoding follows ES's in-place writes (a member changes the tokens, clean restores them): "
+          f"{'yes' if follows else 'NO'}")
     return rows, exact
 
 

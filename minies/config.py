@@ -94,6 +94,9 @@ class ModelOptions:
     dtype: str = option("float32", "weights dtype", choices=list(DTYPES))
     load_in_8bit: bool = option(False, "load the linear layers in 8-bit (bitsandbytes LLM.int8)")
     chat_template: bool = option(True, "wrap questions in the tokenizer's chat template when it has one")
+    compile_decoding: bool = option(True, "on CUDA, decode with a static KV cache and a compiled step (CUDA graphs, "
+                                    "compiled by a run's first calls); --no-compile-decoding: transformers' eager "
+                                    "decoding (minies/decoding.py)")
 
 
 @dataclasses.dataclass

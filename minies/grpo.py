@@ -226,7 +226,8 @@ class GRPO:
 
     @record_function("grpo.generate")
     def generate(self, prompts, seed):
-        """One completion per prompt string from the weights as they are now (a group's prompt runs once)."""
+        """One completion per prompt string from the weights as they are now (a group's prompt runs once where
+        decoding is eager: minies/decoding.py)."""
         self.model.eval()
         return generate(self.model, self.tokenizer, prompts, self.task.max_new_tokens, self.config.temperature,
                         seed=seed, share_prompts=True)

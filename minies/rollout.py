@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import torch
 from transformers import GenerationConfig
 
+from minies import decoding
 from minies.guard import Diverged
 from minies.models import model_device
 
@@ -102,7 +103,8 @@ def generate(model, tokenizer, prompts, max_new_tokens=16, temperature=1.0, top_
     encode(), for a caller that generates from the same prompts many times. Seeded: the same
     seed, model and prompts give the same completions (common random numbers for ES).
     `share_prompts`: a prompt repeated within a micro-batch is run once (shared_prompt_cache); only when
-    every row runs under the same weights."""
+    every row runs under the same weights, and not where decoding is compiled (minies/decoding.py decides:
+    on CUDA by default)."""
     device = model_device(model)
     stop_ids = stop_token_ids(model, tokenizer)
     # Every sampling knob is set explicitly: anything left unset is filled from the checkpoint's
@@ -120,9 +122,14 @@ def generate(model, tokenizer, prompts, max_new_tokens=16, temperature=1.0, top_
         for start in range(0, len(encoded["input_ids"]), micro_batch):
             enc = {name: value.to(device)
                    for name, value in encoded_rows(encoded, slice(start, start + micro_batch)).items()}
-            cache = shared_prompt_cache(model, enc["input_ids"], enc["attention_mask"]) if share_prompts else {}
+            rows, width = enc["input_ids"].shape
+            if decoding.compiled(model):  # on CUDA: a static cache, a compiled step, rows padded (minies/decoding.py)
+                inputs = decoding.static_inputs(model, enc, max_new_tokens, micro_batch)
+            else:
+                inputs = {**enc, **(shared_prompt_cache(model, enc["input_ids"], enc["attention_mask"])
+                                    if share_prompts else {})}
             try:
-                completions = model.generate(**enc, **cache, generation_config=config)[:, enc["input_ids"].shape[1]:]
+                completions = model.generate(**inputs, generation_config=config)[:rows, width:]
             except RuntimeError as e:  # sampling from logits that overflowed: the weights or the temperature diverged
                 if "probability tensor contains" not in str(e):
                     raise

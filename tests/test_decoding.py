@@ -1,0 +1,138 @@
+"""Compiled decoding (minies/decoding.py): the rule and its flag, the buckets, and, forced onto the CPU, greedy
+tokens identical to eager decoding whatever the rows and prompt widths, and weights written in place (in-place
+ES's members, IVON's samples) decoded at once and restored exactly. The module compiles once (inductor on a
+CPU: tens of seconds); every compiled call stays in that one graph (8 rows, a 32-token cache)."""
+import types
+
+import pytest
+import torch
+from torch._dynamo.utils import counters
+
+import eval as eval_script
+import train
+from conftest import DenseArithmetic, single_thread
+from minies import decoding
+from minies.es import ES, ESConfig, member_seeds
+from minies.ivon import IVON
+from minies.models import load_model, load_tokenizer
+from minies.rollout import format_prompts, generate
+from minies.tasks import Arithmetic
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+# Questions of different lengths, so that a batch needs left padding.
+QUESTIONS = ["1+2+3", "45+67+89", "7+8+9", "10+2+33", "99+98+97", "0+0+1", "5+50+5", "12+34+56"]
+NEW_TOKENS = 10  # with these prompts, within a 32-token cache
+
+
+@pytest.fixture(scope="module")
+def m(tiny_model_dir):
+    """Two copies of the test model, one decoding compiled on the CPU, one eagerly, with their tokenizer and
+    prompts; the first compiled call (the compile) made, and the count of graphs it left."""
+    with pytest.MonkeyPatch.context() as patch, single_thread():
+        patch.setattr(decoding, "DEVICES", ("cuda", "cpu"))
+        # Without gradients from the start, as ES and generation run them: a tensor's requires_grad is part of
+        # what a compiled graph is specialized on.
+        compiled = load_model(tiny_model_dir, device="cpu").requires_grad_(False)
+        eager = load_model(tiny_model_dir, device="cpu").requires_grad_(False)
+        decoding.keep_eager(eager)
+        tok = load_tokenizer(tiny_model_dir)
+        prompts = format_prompts(tok, QUESTIONS)
+        greedy(compiled, tok, prompts)
+        yield types.SimpleNamespace(compiled=compiled, eager=eager, tok=tok, prompts=prompts,
+                                    graphs=counters["stats"]["unique_graphs"])
+
+
+def greedy(model, tok, prompts):
+    return generate(model, tok, prompts, NEW_TOKENS, greedy=True, micro_batch=8)
+
+
+def eager_at_compiled_weights(m, prompts=None):
+    """The eager model's greedy completions at the compiled model's weights as they are now."""
+    m.eager.load_state_dict(m.compiled.state_dict())
+    return greedy(m.eager, m.tok, prompts or m.prompts)
+
+
+def assert_same(a, b):
+    assert torch.equal(a.completion_ids, b.completion_ids) and a.texts == b.texts
+
+
+def test_the_rule_and_its_flag(tiny_model_dir, monkeypatch):
+    layer = torch.nn.Linear(2, 2)
+    assert not decoding.compiled(layer)  # a CPU: eager
+    monkeypatch.setattr(decoding, "DEVICES", ("cuda", "cpu"))
+    assert decoding.compiled(layer)
+    quantized = torch.nn.Linear(2, 2)
+    quantized.hf_quantizer = types.SimpleNamespace(is_compileable=False)  # as bitsandbytes' 8-bit
+    assert not decoding.compiled(quantized)
+    decoding.keep_eager(layer)
+    assert not decoding.compiled(layer)
+    es = ES(load_model(tiny_model_dir, device="cpu"), load_tokenizer(tiny_model_dir), Arithmetic(test_size=10),
+            ESConfig(population=4, prompts_per_step=8, mode="lowrank"))
+    assert not decoding.compiled(es.model)  # lowrank's hooks keep it eager
+    assert train.parse_args([])[0].compile_decoding and eval_script.parse_args([]).compile_decoding
+    assert not train.parse_args(["--no-compile-decoding"])[0].compile_decoding
+    assert not eval_script.parse_args(["--no-compile-decoding"]).compile_decoding
+
+
+def test_buckets():
+    assert [decoding.bucket(n) for n in (1, 2, 3, 5, 8, 9, 33)] == [1, 2, 4, 8, 8, 16, 64]
+    assert decoding.bucket(200, 256) == 256 and decoding.bucket(300, 384) == 384  # a full micro-batch: unpadded
+    assert decoding.bucket(3, 384) == 4
+
+
+def test_greedy_tokens_equal_eager_decoding(m):
+    assert_same(greedy(m.compiled, m.tok, m.prompts), greedy(m.eager, m.tok, m.prompts))
+    # 5 rows, padded to 8 (the padding rows finished at once), and wider prompts: the same graph
+    assert_same(greedy(m.compiled, m.tok, m.prompts[:5]), greedy(m.eager, m.tok, m.prompts[:5]))
+    wider = format_prompts(m.tok, [q + "+100" for q in QUESTIONS])
+    assert_same(greedy(m.compiled, m.tok, wider), greedy(m.eager, m.tok, wider))
+    [(rows, cache)] = decoding.CACHES[m.compiled].items()  # one cache, reused by every call
+    assert rows == 8 and cache.get_max_length() == 32
+    assert counters["stats"]["unique_graphs"] == m.graphs >= 1
+
+
+def test_sampling_is_seeded(m):
+    def sample(seed):
+        return generate(m.compiled, m.tok, m.prompts, NEW_TOKENS, micro_batch=8, seed=seed)
+
+    assert_same(sample(1), sample(1))
+    assert not torch.equal(sample(1).completion_ids, sample(2).completion_ids)
+    assert counters["stats"]["unique_graphs"] == m.graphs
+
+
+def test_in_place_es_members_are_decoded_and_restored(m):
+    """Each member's weights, written into the parameters between calls, are what the compiled step decodes
+    (the same tokens as eager decoding at those weights), and the clean weights give the clean tokens."""
+    task = DenseArithmetic(test_size=10)  # a reward per character: the members' rewards differ
+    es = ES(m.compiled, m.tok, task, ESConfig(population=4, prompts_per_step=8, mode="inplace", sigma=0.05))
+    clean = greedy(m.compiled, m.tok, m.prompts)
+    for seed, sign in member_seeds(0, 4, antithetic=True):
+        for t in es.tensors:
+            t.write_perturbed(seed, sign, es.config.sigma)
+        member = greedy(m.compiled, m.tok, m.prompts)
+        assert not torch.equal(member.completion_ids, clean.completion_ids)
+        assert_same(member, eager_at_compiled_weights(m))
+        for t in es.tensors:
+            t.write_clean()
+        assert_same(greedy(m.compiled, m.tok, m.prompts), clean)
+    # A whole step, compiled and eager from the same weights: the same rewards, the same update.
+    m.eager.load_state_dict(m.compiled.state_dict())
+    twin = ES(m.eager, m.tok, task, es.config)
+    problems = task.train_problems(8, seed=0)
+    logs = [es.step(problems, seed=3), twin.step(problems, seed=3)]
+    assert logs[0]["reward_mean"] == logs[1]["reward_mean"] and logs[0]["update_norm"] == logs[1]["update_norm"] > 0
+    assert all(torch.equal(a, b) for a, b in zip(m.compiled.parameters(), m.eager.parameters()))
+    assert counters["stats"]["unique_graphs"] == m.graphs
+
+
+def test_ivon_samples_are_decoded_and_restored(m):
+    """3PO generates at IVON's weight samples, written into the parameters in place."""
+    optimizer = IVON(m.compiled.parameters(), lr=0.1, ess=100.0)  # σ = 0.1: a sample changes the tokens
+    clean = greedy(m.compiled, m.tok, m.prompts)
+    with optimizer.sampled_params(train=False):
+        sample = greedy(m.compiled, m.tok, m.prompts)
+        assert not torch.equal(sample.completion_ids, clean.completion_ids)
+        assert_same(sample, eager_at_compiled_weights(m))
+    assert_same(greedy(m.compiled, m.tok, m.prompts), clean)
+    assert counters["stats"]["unique_graphs"] == m.graphs
