@@ -76,7 +76,7 @@ RECIPES = {
          "group_size": (64, f"{DSM}, §4.2: 64 outputs per question"),
          "prompts": (16, f"{DSM}, §4.2: a training batch of 1,024 outputs, 64 per question"),
          "updates_per_batch": (1, f"{DSM}, §4.2: a single update after each exploration stage"),
-         "scale_rewards": ("group", f"{DSM}, §4.1.2: rewards normalised by the group's mean and std"),
+         "scale_rewards": ("group", f"{DSM}, §4.1.2: rewards normalized by the group's mean and std"),
          "loss_aggregation": ("grpo", f"{DSM}, §4.1.1, Eq. 3: the mean over tokens, then over outputs"),
          "max_new_tokens": (1024, f"{DSM}, §4.2: a max length of 1,024"),
          "epsilon_low": (0.2, f"{MINIES}: PPO's clip range; the paper does not give ε"),
