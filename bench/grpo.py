@@ -43,7 +43,7 @@ class BenchConfig:
 
 
 # The parts of minies' step: the torch.profiler ranges of minies/grpo.py.
-RANGES = {"generation": "grpo.generate", "scoring": "grpo.score", "log-prob forward": "grpo.logprobs",
+RANGES = {"generation": "grpo.generate", "scoring": "grpo.verify", "log-prob forward": "grpo.logprobs",
           "backward and loss": "grpo.loss_backward", "optimizer": "grpo.optimizer"}
 
 

@@ -11,11 +11,6 @@ from minies.metrics import masked_mean, mean_pass_at_k
 from minies.rollout import completion_logprobs, generate
 
 
-def score_rollouts(task, problems, texts):
-    """Scores of completions, one per (problem, text) pair."""
-    return [task.score(t, p) for p, t in zip(problems, texts)]
-
-
 @torch.no_grad()
 def evaluate(model, tokenizer, task, problems, n=16, ks=(1, 16), temperature=1.0, greedy=True, seed=0,
              micro_batch=256, chat_template=True, progress=False):
@@ -34,7 +29,7 @@ def evaluate(model, tokenizer, task, problems, n=16, ks=(1, 16), temperature=1.0
             batch_problems = [p for p in problems[s:s + block] for _ in range(n)]
             r = generate(model, tokenizer, batch_prompts, task.max_new_tokens, temperature, greedy=False,
                          micro_batch=micro_batch, seed=seed + s, share_prompts=True)
-            scores = score_rollouts(task, batch_problems, r.texts)
+            scores = [task.score(text, problem) for problem, text in zip(batch_problems, r.texts)]
             correct[s:s + block] = np.array([sc.correct for sc in scores]).reshape(-1, n).sum(1)
             for i, sc in enumerate(scores):
                 if sc.correct:
@@ -73,4 +68,4 @@ def solution_metrics(task, problems, found):
 def greedy_accuracy(model, tokenizer, task, problems, micro_batch=256, chat_template=True):
     prompts = task.prompts(tokenizer, problems, chat_template)
     r = generate(model, tokenizer, prompts, task.max_new_tokens, greedy=True, micro_batch=micro_batch)
-    return float(np.mean([s.correct for s in score_rollouts(task, problems, r.texts)]))
+    return float(np.mean([task.score(text, problem).correct for problem, text in zip(problems, r.texts)]))

@@ -85,7 +85,7 @@ class Scores(NamedTuple):
 
 
 class GRPO:
-    """GRPO's step (module docstring), its parts marked with torch.profiler ranges (grpo.generate, grpo.score,
+    """GRPO's step (module docstring), its parts marked with torch.profiler ranges (grpo.generate, grpo.verify,
     grpo.logprobs, grpo.loss_backward, grpo.optimizer) for bench/grpo.py."""
 
     default_steps = 200  # sized for the shipped model (what it gives: docs/results.md)
@@ -212,7 +212,7 @@ class GRPO:
         """G completions for each of this rank's prompts from the current policy (the sampling policy
         π_old), each group's side by side, and the whole batch's Scores."""
         rollouts = self.generate(self.prompts(problems), seed * distributed.world_size() + distributed.rank())
-        return rollouts, self.score(problems, rollouts)
+        return rollouts, self.verify(problems, rollouts)
 
     def prompts(self, problems):
         """The prompt strings of this rank's rollouts: its share of `problems`, each repeated G times."""
@@ -232,8 +232,8 @@ class GRPO:
         return generate(self.model, self.tokenizer, prompts, self.task.max_new_tokens, self.config.temperature,
                         seed=seed, share_prompts=True)
 
-    @record_function("grpo.score")
-    def score(self, problems, rollouts):
+    @record_function("grpo.verify")
+    def verify(self, problems, rollouts):
         """Scores [P, G] of the whole batch: every rank gets them all, for batch-std scaling and the log."""
         mine = distributed.shard(list(range(len(problems))))
         scores = [self.task.score(text, p) for p, text in zip(self.rollout_problems(problems), rollouts.texts)]

@@ -210,7 +210,7 @@ class C3PO(ThreePO):
         # The G rollouts of each prompt come in N chunks, chunk n generated at θ̂_n ~ q.
         rank_seed = seed * distributed.world_size() + distributed.rank()
         rollouts, _, behavior_logps = self.sample_chunks(self.prompts(problems), rank_seed, chunk_seeds)
-        scores = self.score(problems, rollouts)
+        scores = self.verify(problems, rollouts)
         advantages = self.advantages(scores.rewards)  # A over each whole pooled group of G
         with self.optimizer.sampled_params(train=True, seed=fresh_seed):  # a fresh θ̂_0 ~ q
             # w_i = exp(Σ_t [log π_θ̂0(y_it) − log π_θ̂n(y_it)]), 0 outside [keep_min, keep_max], truncated
