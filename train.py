@@ -168,6 +168,7 @@ def main(argv=None):
     if not cfg.compile_decoding:
         decoding.keep_eager(model)
     algo = Algorithm(model, tok, task, algo_cfg, chat_template=cfg.chat_template)
+    weight_bound = cfg.max_weight_growth * largest_weight(model)  # of the start model, also when resuming
 
     start_step, tokens, before = 0, 0, None
     if resume_from:
@@ -175,10 +176,8 @@ def main(argv=None):
         checkpoint.set_rng_state(state["rng"])  # only now: building the algorithm draws from the RNGs
         algo.load_state_dict(state["algorithm"])
         start_step, tokens, before = state["step"], state["tokens"], state["before"]
-        weight_bound = state.get("weight_bound", cfg.max_weight_growth * largest_weight(model))
         state = None  # applied: free its tensors (a real model's optimizer state takes GBs)
     else:
-        weight_bound = cfg.max_weight_growth * largest_weight(model)
         before = heldout(model, tok, task, cfg, cfg.final_samples, main_rank)
         if main_rank:
             os.makedirs(run_dir, exist_ok=True)
@@ -216,8 +215,8 @@ def main(argv=None):
             bar.set_postfix(reward=f"{stats.get('reward_mean', 0):.3f}")
         if (step + 1) % cfg.save_every == 0 or step + 1 == cfg.steps:
             if main_rank:
-                checkpoint.save(run_dir, step + 1, algo.model_to_save(), tok, {
-                    "algorithm": algo.state_dict(), "tokens": tokens, "before": before, "weight_bound": weight_bound})
+                checkpoint.save(run_dir, step + 1, algo.model_to_save(), tok,
+                                {"algorithm": algo.state_dict(), "tokens": tokens, "before": before})
             distributed.barrier()
     bar.close()
 
