@@ -10,6 +10,7 @@ Defaults, weakest first: the flags' own (the dataclasses'), the model's recipe, 
 command line win over all. A recipe sets --algo to its first algorithm; values for flags an algorithm does not
 have are skipped. config.json records the values a run actually used, and train.py prints a recipe's.
 """
+import os
 import textwrap
 from dataclasses import dataclass, field
 
@@ -33,6 +34,8 @@ QIU = "Qiu et al. 2025, countdown/"
 THREEPO = "3PO paper's RL stage (Venkatkrishna et al.)"
 DSM = "DeepSeekMath (Shao et al. 2024)"
 TUNED = "tuned on the shipped model (docs/tuning.md)"
+# The shipped Qiu-format model's data file, in Qiu et al.'s format (qiu_rows(2200, seed=0), scripts/make_tiny.py).
+QIU_DATA = os.path.join(os.path.dirname(__file__), "assets", "tiny-qiu", "countdown.json")
 
 RECIPES = {
     "qiu2025": Recipe(
@@ -103,6 +106,18 @@ RECIPES = {
                 "steps": (50, f"{TUNED}: where ES peaks")},
          "m3po": {"steps": (150, f"{TUNED}: to learn within ~10 minutes on 2 cores")},
          "c3po": {"steps": (200, f"{TUNED}: to learn within ~10 minutes on 2 cores")}}),
+    "tiny-qiu": Recipe(
+        "the shipped Qiu-format model's own (minies/assets/tiny-qiu): Qiu et al.'s data regime, raw prompt, "
+        "envelope and reward, with ES's settings tuned on it",
+        ALGOS,
+        {"task": ("countdown", f"{QIU} (the paper's Countdown experiment)"),
+         "prompt_style": ("qiu", f"{QIU}data/countdown.json: `context`, which the model was trained on"),
+         "reward": ("qiu", f"{QIU}countdown_task.py: reward_function, answer + 0.1·format"),
+         "data": (QIU_DATA, "2,200 rows in Qiu et al.'s format (minies.tasks.qiu_rows, seed 0), beside the model"),
+         "train_problems": (200, "README: --data_sample 200; the first 200 rows, the rest held out"),
+         "max_new_tokens": (72, f"{MINIES}: the model's trace and answer take at most ~70 tokens")},
+        {"es": {"params": (".*", TUNED), "mode": ("inplace", TUNED),
+                "prompts_per_step": (200, "Qiu et al.: every member is scored on all 200 training problems")}}),
 }
 
 

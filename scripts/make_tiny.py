@@ -3,6 +3,10 @@ start on a task's reference solutions.
 
     python -m scripts.make_tiny            # rewrites minies/assets/tiny (deterministic from --seed)
     python -m scripts.make_tiny --task countdown --steps 3000 --eval-every 100   # minies/assets/tiny-countdown
+    python -m scripts.make_tiny --task countdown --prompt-style qiu --steps 2000 --eval-every 100   # .../tiny-qiu
+
+The third reads Qiu et al.'s raw prompt and answers in their think/answer envelope; what it learns from, and
+its data file, written beside it in their format, are in scripts/tiny_qiu.py.
 
 The warm start is stopped early on purpose, as soon as held-out pass@1 at temperature 1 reaches
 --stop-at-pass1 (20%): the model knows the answer format, often has the right answer among its
@@ -12,7 +16,10 @@ small push from RL shows. The evaluation is seeded, so the stopping step is dete
 """
 import argparse
 import dataclasses
+import operator
+import os
 import random
+import re
 import statistics
 import string
 import time
@@ -25,7 +32,9 @@ from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
 from minies.config import add_arguments, from_args, option
 from minies.evaluate import evaluate
 from minies.models import SHIPPED_MODELS
-from minies.tasks import Arithmetic, Countdown, solutions
+from minies.recipes import QIU_DATA
+from minies.tasks import Arithmetic, Countdown, qiu_rows, solutions
+from scripts.tiny_qiu import QIU_PHRASES, QIU_ROWS, QIU_WORDS, qiu_problems, qiu_task, write_rows
 
 SPECIAL = ["<pad>", "<eos>", "<unk>"]
 WORDS = ["<answer>", "</answer>", "<|user|>", "<|assistant|>"]  # single tokens, kept when decoding
@@ -35,26 +44,30 @@ CHAT_TEMPLATE = ("{% for m in messages %}<|user|>{{ m['content'] }}{% endfor %}"
                  "{% if add_generation_prompt %}<|assistant|>{% endif %}")
 
 
-def build_tokenizer():
-    """One token per printable ASCII character, plus the special and tag tokens."""
+def build_tokenizer(words=WORDS, phrases=(), chat_template=CHAT_TEMPLATE):
+    """One token per printable ASCII character, plus the special tokens, the `words` (tags) and the `phrases`:
+    fixed text that the pre-tokenizer keeps whole wherever it occurs (longest first)."""
     chars = [c for c in string.printable if c not in "\x0b\x0c\r"]
-    vocab = {t: i for i, t in enumerate(SPECIAL + WORDS + chars)}
+    phrases = sorted(phrases, key=len, reverse=True)
+    vocab = {t: i for i, t in enumerate(SPECIAL + words + phrases + chars)}
     tk = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
-    tk.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")
+    # Python's re.escape writes a newline as a backslash and a newline; the tokenizers' regex wants \n.
+    pattern = "".join(re.escape(p).replace("\\\n", r"\n") + "|" for p in phrases) + r"[\s\S]"
+    tk.pre_tokenizer = pre_tokenizers.Split(Regex(pattern), behavior="isolated")
     tk.decoder = decoders.Fuse()
     tk.add_special_tokens(SPECIAL)
-    tk.add_tokens(WORDS)
+    tk.add_tokens(words)
     tok = PreTrainedTokenizerFast(tokenizer_object=tk, pad_token="<pad>", eos_token="<eos>", unk_token="<unk>")
-    tok.chat_template = CHAT_TEMPLATE
+    tok.chat_template = chat_template
     tok.padding_side = "left"
     return tok
 
 
-def build_model(tok, hidden, layers, seed, recipe="tiny"):
+def build_model(tok, hidden, layers, seed, recipe="tiny", positions=128):
     torch.manual_seed(seed)
     config = Qwen2Config(vocab_size=len(tok), hidden_size=hidden, intermediate_size=4 * hidden,
                          num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2,
-                         max_position_embeddings=128, tie_word_embeddings=True, pad_token_id=tok.pad_token_id,
+                         max_position_embeddings=positions, tie_word_embeddings=True, pad_token_id=tok.pad_token_id,
                          eos_token_id=tok.eos_token_id, bos_token_id=None)
     # The recipe train.py and eval.py apply to this model (minies/recipes.py); saved in config.json, so every
     # checkpoint trained from it names it too.
@@ -62,13 +75,14 @@ def build_model(tok, hidden, layers, seed, recipe="tiny"):
     return Qwen2ForCausalLM(config)
 
 
-def sft_batch(tok, task, problems):
-    """Token ids of prompt + solution + EOS, right-padded, with labels only on the completion."""
+def sft_batch(tok, task, problems, solution=None):
+    """Token ids of prompt + solution + EOS, right-padded, with labels only on the completion. `solution(problem)`:
+    the completion to learn, by default the task's reference solution."""
     prompts = task.prompts(tok, problems)
     rows, labels = [], []
     for prompt, p in zip(prompts, problems):
         prompt_ids = tok(prompt, add_special_tokens=False)["input_ids"]
-        answer_ids = tok(task.solution(p), add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
+        answer_ids = tok((solution or task.solution)(p), add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
         rows.append(prompt_ids + answer_ids)
         labels.append([-100] * len(prompt_ids) + answer_ids)
     width = max(map(len, rows))
@@ -80,7 +94,11 @@ def sft_batch(tok, task, problems):
 @dataclass
 class TinyConfig:
     task: str = option("arithmetic", "the task to warm-start on", choices=sorted(SHIPPED_MODELS))
-    out: str = option(None, "output directory (None: the shipped model of --task, minies.models.SHIPPED_MODELS)")
+    prompt_style: str = option("terse", "terse: the short questions; qiu (--task countdown): Qiu et al.'s raw prompt "
+                               "and envelope, on a data file in their format written beside the model",
+                               choices=["terse", "qiu"])
+    out: str = option(None, "output directory (None: the shipped model of --task, minies.models.SHIPPED_MODELS; "
+                      "with --prompt-style qiu, minies/assets/tiny-qiu)")
     seed: int = option(0, "seed for weights and data")
     hidden: int = option(128, "hidden size")
     layers: int = option(4, "number of decoder layers")
@@ -92,15 +110,16 @@ class TinyConfig:
     eval_every: int = option(25, "evaluate on 200 test problems every k steps")
 
 
-def sft(model, tok, task, problems, batch, lr, warmup=1, after_step=None):
-    """Supervised training on the reference solutions of `problems`, `batch` at a time, with AdamW whose
-    lr rises linearly over `warmup` steps and then stays constant. after_step(step, loss), if given, is
-    called after every step; when it returns True training stops there. Leaves the model in eval mode."""
+def sft(model, tok, task, problems, batch, lr, warmup=1, after_step=None, solution=None):
+    """Supervised training on the reference solutions of `problems` (or on `solution(problem)`), `batch` at a
+    time, with AdamW whose lr rises linearly over `warmup` steps and then stays constant. after_step(step, loss),
+    if given, is called after every step; when it returns True training stops there. Leaves the model in eval
+    mode."""
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.01)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min((s + 1) / warmup, 1.0))
     model.train()
     for step in range(len(problems) // batch):
-        ids, mask, labels = sft_batch(tok, task, problems[step * batch:(step + 1) * batch])
+        ids, mask, labels = sft_batch(tok, task, problems[step * batch:(step + 1) * batch], solution)
         loss = model(input_ids=ids, attention_mask=mask, labels=labels).loss
         opt.zero_grad()
         loss.backward()
@@ -142,12 +161,21 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_arguments(parser, TinyConfig)
     args = from_args(TinyConfig, parser.parse_args(argv))
+    qiu = args.prompt_style == "qiu"
+    if qiu and args.task != "countdown":
+        parser.error("--prompt-style qiu is Qiu et al.'s Countdown prompt: add --task countdown")
 
     start = time.time()
     countdown = args.task == "countdown"
-    task = Countdown() if countdown else Arithmetic()
-    tok = build_tokenizer()
-    model = build_model(tok, args.hidden, args.layers, args.seed, RECIPE[args.task])
+    out = args.out or (os.path.dirname(QIU_DATA) if qiu else SHIPPED_MODELS[args.task])
+    if qiu:
+        rows = qiu_rows(QIU_ROWS, seed=0)
+        data = os.path.join(out, os.path.basename(QIU_DATA))
+        write_rows(data, rows)
+        task, tok = qiu_task(data), build_tokenizer(QIU_WORDS, QIU_PHRASES, chat_template=None)
+    else:
+        task, tok = Countdown() if countdown else Arithmetic(), build_tokenizer()
+    model = build_model(tok, args.hidden, args.layers, args.seed, "tiny-qiu" if qiu else RECIPE[args.task])
     print(f"{sum(p.numel() for p in model.parameters()) / 1e6:.2f}M parameters")
 
     def report(step, loss):
@@ -162,15 +190,20 @@ def main(argv=None):
               f"({time.time() - start:.0f}s)", flush=True)
         return m["pass@1"] >= args.stop_at_pass1 > 0
 
-    problems = task.train_problems(args.steps * args.batch, seed=args.seed)
-    if countdown:
+    solution = None
+    if qiu:
+        problems = qiu_problems(task, args.steps * args.batch, args.seed, {row["context"] for row in rows})
+        solution = operator.attrgetter("reference")
+    else:
+        problems = task.train_problems(args.steps * args.batch, seed=args.seed)
+    if countdown and not qiu:
         problems, counts = varied_references(problems, args.seed)
         print("train:", describe_counts(counts))
         print("test: ", describe_counts(varied_references(task.test_problems(), args.seed)[1]), flush=True)
     # Constant after warmup, no decay: the run is stopped mid-way on purpose, while the model is still
     # improving fast, so that RL starts from a model that is close to getting many answers right.
-    sft(model, tok, task, problems, args.batch, args.lr, warmup=max(1, args.steps // 20), after_step=report)
-    out = args.out or SHIPPED_MODELS[args.task]
+    sft(model, tok, task, problems, args.batch, args.lr, warmup=max(1, args.steps // 20), after_step=report,
+        solution=solution)
     save(model, tok, out)
     print(f"saved to {out} in {time.time() - start:.0f}s")
 
