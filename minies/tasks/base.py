@@ -17,7 +17,7 @@ the papers' own prompts. A style's PromptStyle says how its question becomes the
 
 Splits. Generated tasks draw the test split first from the seed; training problems are drawn from any
 other seed and never include a test problem. With data files (`data` to train on, `eval_data` to evaluate
-on) every row of `eval_data` is a test problem and the rows of `data` that are not train. With `data`
+on) every row of `eval_data` is a test problem, and every row of `data` that is not one trains. With `data`
 alone, `train_problems=N` takes its first N rows to train on and the rest to test on, in the file's order
 (Qiu et al.'s regime: the first 200 rows, then the last 2,000); without it, a fallback shuffles the file
 with the seed and holds out `test_size` rows (at most half), which `notes` report. A fixed
