@@ -38,7 +38,7 @@ def _entropy_bits(counts):
 
 
 def js_diversity(outcomes):
-    """Verifier-projected generalised Jensen–Shannon diversity of a population, in [0, 1].
+    """Verifier-projected generalized Jensen–Shannon diversity of a population, in [0, 1].
 
     outcomes[n][j] is the list of outcome labels (answer_outcome) of member n on prompt j: one per
     sample, a single one under greedy decoding. For prompt j, member n's distribution p_n over labels

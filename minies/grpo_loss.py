@@ -5,7 +5,7 @@ Advantages come from the group of each prompt (no value model):
 
     A_i = (r_i − mean_group(r)) / (std + 1e-4)      std: the group's, the batch's, or 1 (Dr. GRPO)
 
-and the policy minimises, per completion token t of completion i,
+and the policy minimizes, per completion token t of completion i,
 
     ratio = exp(logp − logp_old)
     l_it  = −min(ratio·A_i, clip(ratio, 1 − ε_low, 1 + ε_high)·A_i) + β·KL_it

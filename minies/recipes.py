@@ -3,7 +3,7 @@
 Two kinds. The papers' recipes set the hyper-parameters, data regime, prompt and reward a paper ran with, each
 value with where it comes from (`docs/papers.md`, "Recipes", prints them all; "minies' choice" marks a value
 the source does not give). They were chosen for models of 0.5B-7B parameters. The shipped models' recipes
-(`tiny`, `tiny-countdown`) hold what was tuned on those models (docs/tuning.md); a model names its own recipe
+(`tiny`, `tiny-countdown`, `tiny-qiu`) hold what was tuned on those models (docs/tuning.md); a model names its own recipe
 in its config.json (`"minies_recipe": "tiny"`), and train.py and eval.py apply it when the model is used.
 
 Defaults, weakest first: the flags' own (the dataclasses'), the model's recipe, --recipe; flags given on the
@@ -115,9 +115,14 @@ RECIPES = {
          "reward": ("qiu", f"{QIU}countdown_task.py: reward_function, answer + 0.1·format"),
          "data": (QIU_DATA, "2,200 rows in Qiu et al.'s format (minies.tasks.qiu_rows, seed 0), beside the model"),
          "train_problems": (200, "README: --data_sample 200; the first 200 rows, the rest held out"),
-         "max_new_tokens": (72, f"{MINIES}: the model's trace and answer take at most ~70 tokens")},
-        {"es": {"params": (".*", TUNED), "mode": ("inplace", TUNED),
-                "prompts_per_step": (200, "Qiu et al.: every member is scored on all 200 training problems")}}),
+         "max_new_tokens": (72, f"{MINIES}: the model's trace and answer take at most ~70 tokens"),
+         "eval_problems": (500, f"{MINIES}: the first 500 of the 2,000 held-out rows, for speed on a CPU "
+                                "(eval.py reads all 2,000)")},
+        {"es": {"params": (".*", TUNED), "mode": ("inplace", TUNED), "alpha": (0.01, TUNED),
+                "prompts_per_step": (200, "Qiu et al.: every member is scored on all 200 training problems"),
+                "steps": (12, f"{TUNED}: where held-out accuracy stops rising"),
+                "eval_every": (4, f"{MINIES}: a step scores 6,400 completions; an evaluation every ~3 minutes")},
+         "c3po": {"steps": (200, f"{MINIES}: to finish within ~12 minutes on 2 cores")}}),
 }
 
 
@@ -163,5 +168,8 @@ def table(name):
     rows = [("", key, value, source) for key, (value, source) in recipe.values.items()]
     rows += [(algo, key, value, source) for algo, values in recipe.per_algo.items()
              for key, (value, source) in values.items()]
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # paths print relative to the checkout
+    rows = [(algo, key, os.path.relpath(value, repo) if key == "data" else value, source)
+            for algo, key, value, source in rows]
     return "\n".join(f"| {algo or 'all'} | `--{key.replace('_', '-')}` | {value} | {source} |"
                      for algo, key, value, source in rows)

@@ -19,6 +19,7 @@ from transformers import GenerationConfig
 from minies import decoding
 from minies.guard import Diverged
 from minies.models import model_device
+from minies.threads import follow_load
 
 
 @dataclass
@@ -120,6 +121,8 @@ def generate(model, tokenizer, prompts, max_new_tokens=16, temperature=1.0, top_
         torch.manual_seed(seed)
         encoded = prompts if isinstance(prompts, dict) else encode(tokenizer, prompts)
         for start in range(0, len(encoded["input_ids"]), micro_batch):
+            if device.type == "cpu":
+                follow_load()  # as many threads as the cores other programs leave free (minies/threads.py)
             enc = {name: value.to(device)
                    for name, value in encoded_rows(encoded, slice(start, start + micro_batch)).items()}
             rows, width = enc["input_ids"].shape
