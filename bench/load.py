@@ -8,7 +8,7 @@ first). "busy" starts one single-threaded busy loop before the run and stops it 
 many cores as torch has threads: one other program at full speed, as on any laptop or CI runner.
 
 Configurations: `minies` (train.py as shipped: its threads follow the load, minies/threads.py), `one thread`
-(OMP_NUM_THREADS=1) and `fixed` (OMP_NUM_THREADS = the cores, which turns the following off: every thread
+(OMP_NUM_THREADS=1) and `fixed` (OMP_NUM_THREADS = torch's default count, which turns the following off: every thread
 kept whatever the load). Printed: each step time and the two ratios the threading rule (docs/speed.md, "A CPU
 shared with other work") is held to: busy ÷ quiet one-thread (at most 1.2) and quiet ÷ quiet fixed (within
 5%). Quiet runs are repeated (the fastest counts); a busy run is long and is run once.
@@ -21,10 +21,13 @@ import sys
 import tempfile
 from dataclasses import dataclass
 
+import torch
+
 from minies.config import add_arguments, from_args, option
 
 WORKLOADS = {"es": ["--steps", "6"], "grpo": ["--algo", "grpo", "--steps", "20"]}
-CONFIGS = {"minies": {}, "one thread": {"OMP_NUM_THREADS": "1"}, "fixed": {"OMP_NUM_THREADS": str(os.cpu_count())}}
+CONFIGS = {"minies": {}, "one thread": {"OMP_NUM_THREADS": "1"},
+           "fixed": {"OMP_NUM_THREADS": str(torch.get_num_threads())}}  # the count a run starts with
 FAST = ["--eval-problems", "16", "--final-samples", "1", "--eval-every", "0", "--save-every", "1000"]
 
 
@@ -55,7 +58,7 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_arguments(parser, LoadConfig)
     cfg = from_args(LoadConfig, parser.parse_args())
-    print(f"{os.cpu_count()} cores; seconds per step (quiet: the fastest of {cfg.repeats} runs)")
+    print(f"{torch.get_num_threads()} threads; seconds per step (quiet: the fastest of {cfg.repeats} runs)")
     for workload in cfg.workloads:
         times = {(name, busy): min(step_seconds(workload, env, busy) for _ in range(1 if busy else cfg.repeats))
                  for name, env in CONFIGS.items() for busy in (False, True)}

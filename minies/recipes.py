@@ -169,7 +169,7 @@ def table(name):
     rows += [(algo, key, value, source) for algo, values in recipe.per_algo.items()
              for key, (value, source) in values.items()]
     repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # paths print relative to the checkout
-    rows = [(algo, key, os.path.relpath(value, repo) if key == "data" else value, source)
-            for algo, key, value, source in rows]
+    rows = [(algo, key, os.path.relpath(value, repo) if isinstance(value, str) and os.path.isabs(value) else value,
+             source) for algo, key, value, source in rows]
     return "\n".join(f"| {algo or 'all'} | `--{key.replace('_', '-')}` | {value} | {source} |"
                      for algo, key, value, source in rows)

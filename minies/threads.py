@@ -38,8 +38,9 @@ class LoadFollower:
         self.most = self.current = torch.get_num_threads()
         self.cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
         self.enabled = "OMP_NUM_THREADS" not in os.environ and os.path.exists("/proc/stat")
-        self.tick = os.sysconf("SC_CLK_TCK") if self.enabled else 100
-        self.last = (time.monotonic(), *_busy_and_own()) if self.enabled else None
+        if self.enabled:
+            self.tick = os.sysconf("SC_CLK_TCK")
+            self.last = (time.monotonic(), *_busy_and_own())
 
     def follow(self):
         if not self.enabled or time.monotonic() - self.last[0] < MIN_INTERVAL:
