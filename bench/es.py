@@ -41,7 +41,7 @@ from torch.profiler import ProfilerActivity, profile
 from bench.qwen_shapes import QWEN_05B
 from minies.config import TaskOptions, add_arguments, from_args, option, option_of
 from minies.es import ES, ESConfig, ScoredRollouts, member_seeds
-from minies.models import SHIPPED_MODEL, load_model, load_tokenizer, model_device, prompt_style_for
+from minies.models import SHIPPED_MODEL, contiguous_head_input, load_model, load_tokenizer, model_device, prompt_style_for
 from minies.perturbed import noise
 from minies.placement import choose_mode
 from minies.rollout import format_prompts, generate
@@ -84,6 +84,7 @@ def build(args):
                 device_map="cuda" if torch.cuda.is_available() else "cpu")
         elif torch.cuda.is_available():
             model = model.cuda()
+        contiguous_head_input(model)  # as load_model does
     else:
         model = load_model(SHIPPED_MODEL, args.dtype, args.load_in_8bit)
     model.eval()

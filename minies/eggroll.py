@@ -47,8 +47,9 @@ class LowRankPopulation:
         self.tensors = [t for t in tensors if t.index in self.modules]
         for t in self.tensors:
             t.share_param()  # a float32 weight is its own master: this mode never writes perturbed values
-        # module -> (A stacked [k, r, out] with σ·sign/√r folded in, B stacked [k, r, in])
-        self.active = {}
+        # module -> (A stacked [k, r, out] with σ·sign/√r folded in, B stacked [k, r, in]); and the two in the
+        # layer's output dtype (active_factors)
+        self.active, self.cast = {}, {}
         for modules in self.modules.values():
             for module in modules:
                 module.register_forward_hook(self.lookup_hook if module is embedding else self.hook)
@@ -81,6 +82,7 @@ class LowRankPopulation:
             yield
         finally:
             self.active.clear()
+            self.cast.clear()
 
     def score_members(self, members, sigma, rollout, prompts, micro_batch):
         """Yield (n, its rollout) for each (n, (seed, sign)) of `members`: k = micro_batch // prompts members
@@ -95,21 +97,28 @@ class LowRankPopulation:
                 rollouts = rollout(len(group), len(group) * prompts)
             yield from zip([n for n, _ in group], rollouts)
 
+    def active_factors(self, module, dtype):
+        """The module's (A, B) in this block, and the two cast to the layer's output dtype: the hooks run once
+        per token and layer, so the casts are made at the block's first token, not at every one."""
+        if module not in self.cast:
+            self.cast[module] = tuple(factor.to(dtype) for factor in self.active[module])
+        return self.active[module], self.cast[module]
+
     def hook(self, module, inputs, output):
         """A Linear's: += σ·sign·A(Bᵀx)/√r for each row block's member."""
         if module not in self.active:
             return None
-        a, b = self.active[module]
+        (a, b), (a_cast, _) = self.active_factors(module, output.dtype)
         x = inputs[0].reshape(a.shape[0], -1, inputs[0].shape[-1]).to(b.dtype)  # [k, rows_per_member·tokens, in]
         # Each row block against its own member's B only: a batched [n, in] × [in, r] product. B is passed
         # transposed ([k, r, in] viewed as [k, in, r]), the layout CPU GEMMs run fastest with a narrow r.
-        return add_low_rank(output, torch.bmm(x, b.transpose(1, 2)), a)
+        return add_low_rank(output, torch.bmm(x, b.transpose(1, 2)), a_cast)
 
     def lookup_hook(self, module, inputs, output):
         """The embedding's: row E[t] of each looked-up token t gets σ·sign·A[t]·Bᵀ/√r of its row's member."""
         if module not in self.active:
             return None
-        a, b = self.active[module]
+        _, (a, b) = self.active_factors(module, output.dtype)
         k, r = a.shape[0], a.shape[1]
         ids = inputs[0].reshape(k, 1, -1).expand(k, r, -1)  # [k, r, rows_per_member·tokens]
         picked = a.gather(2, ids).transpose(1, 2)  # A_j[t] for each of member j's tokens t: [k, n, r]

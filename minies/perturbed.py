@@ -104,7 +104,7 @@ class PerturbedTensor:
             values = torch.round(values * 127 / scales.clamp(min=torch.finfo(torch.float32).tiny))
             self.clamped += int(values.abs().gt(127).sum())
             values.clamp_(-127, 127)
-        self.param.copy_(values.to(self.param.dtype))
+        self.param.copy_(values)  # cast as it is copied: no temporary the size of the tensor
 
     def share_param(self):
         """Make a float32 param on the master's device its own master: no copy to keep, nothing to rewrite
