@@ -60,12 +60,14 @@ def step_log(es, rollouts, rewards, z, update_norm, started, scored):
 
 
 def drift(tensors, theta0):
-    """‖θ − θ0‖ over the perturbed tensors' masters, a chunk at a time: a whole tensor's difference would be
-    a temporary as large as the tensor, allocated and freed every step, while a chunk's stays in cache
-    (docs/speed.md). Computed where the masters are: on CUDA θ0's chunks stream to the device, and the step
-    waits once, for the total."""
-    distances = []
+    """‖θ − θ0‖ over the perturbed tensors' masters, a chunk at a time, each chunk's difference written into one
+    reused buffer and squared there: a whole tensor's difference would be a temporary as large as the tensor,
+    allocated and freed every step, while a chunk's stays in cache (docs/speed.md). Computed where the masters
+    are: on CUDA θ0's chunks stream to the device, and the step waits once, for the total."""
+    squares, buffers = [], {}
     for t, t0 in zip(tensors, theta0):
+        buffer = buffers.setdefault(t.master.device, torch.empty(DRIFT_CHUNK, device=t.master.device))
         for chunk, chunk0 in zip(t.master.reshape(-1).split(DRIFT_CHUNK), t0.reshape(-1).split(DRIFT_CHUNK)):
-            distances.append(torch.dist(chunk, chunk0.to(chunk.device, non_blocking=True)))
-    return float(torch.stack(distances).double().pow(2).sum()) ** 0.5
+            difference = torch.sub(chunk, chunk0.to(chunk.device, non_blocking=True), out=buffer[:chunk.numel()])
+            squares.append(difference.mul_(difference).sum())
+    return float(torch.stack(squares).double().sum()) ** 0.5
