@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from minies import ArgumentParser, UserError, check_writable, decoding, run_script
 from minies.config import ModelOptions, TaskOptions, add_arguments, checked, from_args, option
 from minies.evaluate import evaluate
-from minies.models import default_model, load_config, load_model, load_tokenizer, prompt_style_for
+from minies.models import default_model, load_config, load_model, load_tokenizer, position_notes, prompt_style_for
 from minies.recipes import own_recipe, recipe_defaults
 from minies.tasks import get_task
 
@@ -67,11 +67,12 @@ def main(argv=None):
     if cfg.lenient_answers and cfg.task != "gsm8k":
         raise UserError(f"--lenient-answers: only --task gsm8k has a lenient reading; --task {cfg.task} reads "
                         "answers one way only, so drop it")
-    style = prompt_style_for(cfg.prompt_style, load_config(cfg.model))
+    model_config = load_config(cfg.model)
+    style = prompt_style_for(cfg.prompt_style, model_config)
     task = get_task(cfg.task, seed=cfg.seed, data=cfg.data, prompt_style=style, max_new_tokens=cfg.max_new_tokens,
                     lenient_answers=cfg.lenient_answers, eval_data=cfg.eval_data, train_problems=cfg.train_problems,
                     reward=cfg.reward)
-    for note in task.notes:
+    for note in task.notes + position_notes(model_config, task.max_new_tokens):
         print(f"note: {note}", file=sys.stderr)
     tok = load_tokenizer(cfg.model)
     model = load_model(cfg.model, cfg.dtype, cfg.load_in_8bit)

@@ -26,7 +26,7 @@ from minies import ArgumentParser, UserError, check_writable, checkpoint, decodi
 from minies.config import ModelOptions, TaskOptions, add_arguments, from_args, option
 from minies.guard import Diverged, check_weights, largest_weight
 from minies.evaluate import evaluate
-from minies.models import default_model, load_config, load_model, load_tokenizer, prompt_style_for
+from minies.models import default_model, load_config, load_model, load_tokenizer, position_notes, prompt_style_for
 from minies.recipes import RECIPES, own_recipe, recipe_defaults
 from minies.recipes import describe as describe_recipes
 from minies.tasks import get_task
@@ -151,7 +151,8 @@ def main(argv=None):
 
     torch.manual_seed(cfg.seed)
     # The prompt style, reward and generation length are resolved here and recorded in config.json.
-    cfg.prompt_style = prompt_style_for(cfg.prompt_style, load_config(cfg.model))
+    model_config = load_config(cfg.model)
+    cfg.prompt_style = prompt_style_for(cfg.prompt_style, model_config)
     task = get_task(cfg.task, seed=cfg.seed, data=cfg.data, prompt_style=cfg.prompt_style,
                     max_new_tokens=cfg.max_new_tokens, eval_data=cfg.eval_data, train_problems=cfg.train_problems,
                     reward=cfg.reward)
@@ -159,7 +160,7 @@ def main(argv=None):
         raise UserError(task.data_help)
     cfg.max_new_tokens, cfg.reward = task.max_new_tokens, task.reward
     if main_rank:
-        for note in task.notes:
+        for note in task.notes + position_notes(model_config, task.max_new_tokens):
             print(f"note: {note}", file=sys.stderr)
     tok = load_tokenizer(cfg.model)
     # --resume starts again from the start model too: the training state holds the trained weights (ES's masters,

@@ -53,6 +53,17 @@ def load_config(name=SHIPPED_MODEL):
         raise UserError(f"--model {name}: cannot load its config ({type(e).__name__}: {str(e).splitlines()[0]})")
 
 
+def position_notes(config, max_new_tokens):
+    """A note for the user when the completions alone may run past the positions the model was trained on
+    (its config's max_position_embeddings): a rotary model still generates there, but from positions it never
+    saw, so its completions degrade; the run goes on, as the user may mean it."""
+    positions = getattr(config, "max_position_embeddings", None)
+    if positions and max_new_tokens >= positions:
+        return [f"--max-new-tokens {max_new_tokens} reaches past the {positions} positions the model was trained on "
+                "(max_position_embeddings in its config.json): what it generates there is outside what it learned"]
+    return []
+
+
 def default_device():
     return torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
 

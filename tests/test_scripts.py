@@ -129,3 +129,16 @@ def test_plot_of_a_missing_run_is_one_line(tmp_path, capsys):
     code, message = run_in_process("plot.py", tmp_path / "nope")
     err = capsys.readouterr().err + message
     assert code == 2 and err.strip().splitlines()[-1].startswith(f"error: {tmp_path / 'nope' / 'log.jsonl'}")
+
+
+def test_eval_notes_completions_longer_than_the_models_positions(tmp_path, model_dir, capsys):
+    """--max-new-tokens at or past the model's max_position_embeddings runs, with one note saying so."""
+    from minies.models import load_config
+
+    positions = load_config(model_dir).max_position_embeddings
+    for new_tokens, noted in ((positions - 1, False), (positions, True)):
+        code, message = run_in_process("eval.py", "--model", model_dir, "--problems", 2, "--n", 1, "--k", 1,
+                                       "--max-new-tokens", new_tokens, "--out", tmp_path / "m.json")
+        err = capsys.readouterr().err
+        assert code == 0, err + message
+        assert (f"note: --max-new-tokens {new_tokens} reaches past the {positions} positions" in err) == noted, err
