@@ -136,9 +136,10 @@ def contiguous_head_input(model):
     """Give the output head (the LM head) a contiguous input. At a prompt's pass, generate asks for the last
     position's logits only, and transformers hands the head hidden_states[:, -1:, :], a strided view. torch's
     matmul multiplies such a 3-D view by a weight that needs no gradient (ES, a LoRA-frozen base) as a
-    batched matmul over a copy of the weight for every row: on Qwen2.5-0.5B's 151,936 × 896 head and 16 rows
-    in bfloat16 this took 12.2 s and 4.3 GB against 0.03 s for the same rows made contiguous (float32: 0.38 s
-    against 0.11 s). The copy of the one row per prompt costs nothing by comparison."""
+    batched matmul over the weight repeated for every row: on Qwen2.5-0.5B's 151,936 × 896 head and 16 rows
+    in bfloat16, where the repeats are materialized, this took 12.2 s and 4.3 GB against 0.03 s for the same
+    rows made contiguous (float32, not materialized: 0.38 s against 0.11 s). The copy of the one row per
+    prompt costs nothing by comparison."""
     head = model.get_output_embeddings()
     if head is not None:
         head.register_forward_pre_hook(_contiguous_input)

@@ -86,8 +86,8 @@ def test_load_8bit_on_cpu(model_dir, model, tokenizer, task):
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_head_multiplies_a_prompts_last_position_without_copying_its_weight(model_dir, tokenizer, dtype):
     """At a prompt's pass generate asks for the last position's logits, a strided view of the hidden states.
-    With frozen weights (ES, a LoRA base) torch's matmul would multiply that view by a copy of the head's
-    weight per row (a batched matmul: 4.3 GB and 12 s for 16 rows at Qwen2.5-0.5B's size in bfloat16);
+    With frozen weights (ES, a LoRA base) torch's matmul would multiply that view by the head's weight
+    repeated per row (a batched matmul: 4.3 GB and 12 s for 16 rows at Qwen2.5-0.5B's size in bfloat16);
     load_model hands the head a contiguous row instead. The logits are the same to rounding."""
     model = load_model(model_dir, dtype).requires_grad_(False)
     head = model.get_output_embeddings()
