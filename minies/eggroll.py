@@ -108,11 +108,11 @@ class LowRankPopulation:
         """A Linear's: += σ·sign·A(Bᵀx)/√r for each row block's member."""
         if module not in self.active:
             return None
-        (a, b), (a_cast, _) = self.active_factors(module, output.dtype)
+        (_, b), (a, _) = self.active_factors(module, output.dtype)  # B in fp32 for the product, A as the output
         x = inputs[0].reshape(a.shape[0], -1, inputs[0].shape[-1]).to(b.dtype)  # [k, rows_per_member·tokens, in]
         # Each row block against its own member's B only: a batched [n, in] × [in, r] product. B is passed
         # transposed ([k, r, in] viewed as [k, in, r]), the layout CPU GEMMs run fastest with a narrow r.
-        return add_low_rank(output, torch.bmm(x, b.transpose(1, 2)), a_cast)
+        return add_low_rank(output, torch.bmm(x, b.transpose(1, 2)), a)
 
     def lookup_hook(self, module, inputs, output):
         """The embedding's: row E[t] of each looked-up token t gets σ·sign·A[t]·Bᵀ/√r of its row's member."""

@@ -64,9 +64,10 @@ def drift(tensors, theta0):
     reused buffer and squared there: a whole tensor's difference would be a temporary as large as the tensor,
     allocated and freed every step, while a chunk's stays in cache (docs/speed.md). Computed where the masters
     are: on CUDA θ0's chunks stream to the device, and the step waits once, for the total."""
-    squares, buffers = [], {}
+    squares, buffer = [], None
     for t, t0 in zip(tensors, theta0):
-        buffer = buffers.setdefault(t.master.device, torch.empty(DRIFT_CHUNK, device=t.master.device))
+        if buffer is None or buffer.device != t.master.device:  # the masters share one device (--master-device)
+            buffer = torch.empty(DRIFT_CHUNK, device=t.master.device)
         for chunk, chunk0 in zip(t.master.reshape(-1).split(DRIFT_CHUNK), t0.reshape(-1).split(DRIFT_CHUNK)):
             difference = torch.sub(chunk, chunk0.to(chunk.device, non_blocking=True), out=buffer[:chunk.numel()])
             squares.append(difference.mul_(difference).sum())
