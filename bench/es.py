@@ -39,6 +39,7 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 from bench.qwen_shapes import QWEN_05B
+from minies import allocator
 from minies.config import TaskOptions, add_arguments, from_args, option, option_of
 from minies.es import ES, ESConfig, ScoredRollouts, member_seeds
 from minies.models import SHIPPED_MODEL, contiguous_head_input, load_model, load_tokenizer, model_device, prompt_style_for
@@ -72,6 +73,8 @@ def build(args):
     almost never emits EOS, so every row generates exactly max_new_tokens tokens."""
     tok = load_tokenizer(SHIPPED_MODEL)
     if args.model == "qwen0.5b-random":
+        if not torch.cuda.is_available():
+            allocator.reuse_freed_memory()  # as load_model does on a CPU
         from transformers import AutoModelForCausalLM, BitsAndBytesConfig, Qwen2Config
         torch.manual_seed(0)
         config = Qwen2Config(**QWEN_05B, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)

@@ -8,7 +8,7 @@ import huggingface_hub
 import torch
 import transformers
 
-from minies import UserError
+from minies import UserError, allocator
 
 SHIPPED_MODEL = os.path.join(os.path.dirname(__file__), "assets", "tiny")
 # The shipped model trained on each task (docs/tiny-model.md); any other task uses SHIPPED_MODEL.
@@ -116,6 +116,8 @@ def load_model(name=SHIPPED_MODEL, dtype="float32", load_in_8bit=False, device=N
         raise UserError(f"--dtype {dtype}: choose one of {', '.join(DTYPES)}")
     _check_source(name)
     device = torch.device(device) if device is not None else default_device()
+    if device.type == "cpu":
+        allocator.reuse_freed_memory()  # a forward's large tensors from memory freed by the last (minies/allocator.py)
     kwargs = {"dtype": DTYPES[dtype]}
     if load_in_8bit:
         kwargs["quantization_config"] = BitsAndBytesConfig(load_in_8bit=True)

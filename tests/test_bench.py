@@ -1,4 +1,4 @@
-"""bench/es.py runs end to end on a small configuration (its numbers are measured, never asserted), and the steps
+"""bench/es.py and bench/allocator.py run end to end on a small configuration (its numbers are measured, never asserted), and the steps
 it times make their update even when every reward ties."""
 import os
 import re
@@ -49,6 +49,23 @@ def test_bench_grpo_prints_the_step_and_its_split():
         assert re.search(rf"^  {part} +-?[0-9.]+ s +-?[0-9.]+%$", text, re.M), part
     # TRL is optional: either its step is measured or one line says it was skipped.
     assert re.search(r"TRL .*GRPOTrainer( step +[0-9.]+ s|: skipped \(trl is not installed\))", text)
+
+
+def test_bench_allocator_prints_both_settings_and_their_ratios():
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    out = subprocess.run([sys.executable, "-m", "bench.allocator", "--model", "shipped", "--dtype", "float32",
+                          "--rows", "8", "--new-tokens", "2", "--repeats", "1"], cwd=ROOT, capture_output=True,
+                         text=True, env=env, timeout=600)
+    assert out.returncode == 0, out.stderr[-2000:]
+    for setting in ("default", "reuse"):
+        line = re.search(rf"^malloc {setting} +plain generation +([0-9]+) tokens/s +lowrank members +([0-9]+) "
+                         r"tokens/s .* peak RSS ([0-9]+) MiB$", out.stdout, re.M)
+        assert line and all(int(x) > 0 for x in line.groups()), out.stdout
+    assert re.search(r"^reuse ÷ default: plain generation [0-9.]+× as fast, lowrank [0-9.]+× as fast; peak RSS "
+                     r"[0-9.]+×$", out.stdout, re.M)
+    odd = subprocess.run([sys.executable, "-m", "bench.allocator", "--lowrank-members", "3"], cwd=ROOT,
+                         capture_output=True, text=True, env=env, timeout=600)
+    assert odd.returncode == 1 and odd.stderr.strip().startswith("error: --lowrank-members 3:")
 
 
 def test_bench_es_steps_make_an_update_even_when_every_reward_ties(tiny_model_dir):
