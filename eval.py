@@ -5,6 +5,7 @@ entropy, length.
     python eval.py --task countdown                  # the shipped Countdown model on Countdown
     python eval.py --model out/es-arithmetic-seed0/step-000140 --n 32 --k 1 4 16 32 --out results.json
     python eval.py --model Qwen/Qwen2.5-0.5B-Instruct --task gsm8k --eval-data tests/data/gsm8k_test.jsonl --n 4 --k 1 4
+    python eval.py --model Qwen/Qwen2.5-0.5B-Instruct --task countdown --show-prompt   # what the model reads
 
 A model that names its own recipe (the shipped models: minies/recipes.py) is asked in that recipe's prompt
 style, on its task unless --task says otherwise.
@@ -20,7 +21,8 @@ from minies import ArgumentParser, UserError, check_writable, decoding, run_scri
 from minies.config import ModelOptions, TaskOptions, add_arguments, checked, from_args, option
 from minies.evaluate import evaluate
 from minies.models import default_model, load_config, load_model, load_tokenizer, position_notes, prompt_style_for
-from minies.recipes import own_recipe, recipe_defaults
+from minies.recipes import own_recipe, recipe_defaults, recipe_origins
+from minies.rollout import encode
 from minies.tasks import get_task
 
 
@@ -37,6 +39,9 @@ class EvalConfig(TaskOptions, ModelOptions):
     lenient_answers: bool = option(False, "gsm8k: when a completion has no answer tag and no \\boxed{}, take its last "
                                    "number (training rewards never do)")
     out: str = option(None, "also write the metrics to this JSON file")
+    show_prompt: bool = option(False, "print the first held-out problem's prompt exactly as the model reads it "
+                               "(special tokens, system message and template included) and its length in tokens, "
+                               "then exit: loads the tokenizer, not the model")
 
 
 def parse_args(argv):
@@ -45,10 +50,11 @@ def parse_args(argv):
         pre.add_argument(flag)
     known = pre.parse_known_args(argv)[0]
     ap = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_arguments(ap, EvalConfig, "evaluation")
     # The task-level settings of the model's own recipe (its prompt style, its task).
     own = own_recipe(known.model or default_model(known.task or EvalConfig.task))
-    ap.set_defaults(**recipe_defaults([own], None, {f.name for f in dataclasses.fields(EvalConfig)}))
+    names = {f.name for f in dataclasses.fields(EvalConfig)}
+    add_arguments(ap, EvalConfig, "evaluation", recipe_origins([own], None, names))
+    ap.set_defaults(**recipe_defaults([own], None, names))
     cfg = from_args(EvalConfig, ap.parse_args(argv))
     cfg.model = cfg.model or default_model(cfg.task)
     return cfg
@@ -71,10 +77,15 @@ def main(argv=None):
     style = prompt_style_for(cfg.prompt_style, model_config)
     task = get_task(cfg.task, seed=cfg.seed, data=cfg.data, prompt_style=style, max_new_tokens=cfg.max_new_tokens,
                     lenient_answers=cfg.lenient_answers, eval_data=cfg.eval_data, train_problems=cfg.train_problems,
-                    reward=cfg.reward)
+                    reward=cfg.reward, system=cfg.system, numbers=cfg.numbers, low=cfg.low, high=cfg.high)
     for note in task.notes + position_notes(model_config, task.max_new_tokens):
         print(f"note: {note}", file=sys.stderr)
     tok = load_tokenizer(cfg.model)
+    if cfg.show_prompt:
+        prompt = task.prompts(tok, task.test_problems()[:1], cfg.chat_template)[0]
+        print(prompt)
+        print(f"({len(encode(tok, [prompt])['input_ids'][0])} tokens: {style} prompt style, {cfg.task})", file=sys.stderr)
+        return
     model = load_model(cfg.model, cfg.dtype, cfg.load_in_8bit)
     if not cfg.compile_decoding:
         decoding.keep_eager(model)

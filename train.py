@@ -27,7 +27,7 @@ from minies.config import ModelOptions, TaskOptions, add_arguments, from_args, o
 from minies.guard import Diverged, check_weights, largest_weight
 from minies.evaluate import evaluate
 from minies.models import default_model, load_config, load_model, load_tokenizer, position_notes, prompt_style_for
-from minies.recipes import RECIPES, own_recipe, recipe_defaults
+from minies.recipes import RECIPES, own_recipe, recipe_defaults, recipe_origins
 from minies.recipes import describe as describe_recipes
 from minies.tasks import get_task
 
@@ -50,8 +50,7 @@ class TrainConfig(TaskOptions, ModelOptions):
     algo: str = option("es", "training algorithm", choices=["es", "grpo", "b3po", "m3po", "c3po"])
     recipe: str = option(None, "a paper's settings in one flag (listed below; minies/recipes.py), over the model's "
                          "own recipe; explicit flags still win", choices=sorted(RECIPES))
-    steps: int = option(None, "training steps (default: the recipe's, else the algorithm's own, sized for the shipped "
-                        "model)", check="positive")
+    steps: int = option(None, "training steps", check="positive")  # None: the algorithm's own (parse_args)
     seed: int = option(0, "seed for prompts, sampling and noise", check="seed")
     out: str = option("out", "directory for run directories")
     run_name: str = option(None, "run name (default: <algo>-<task>-seed<seed>)")
@@ -91,15 +90,17 @@ def parse_args(argv):
     recipes = [own_recipe(known.model or default_model(task)), known.recipe]
     parser = ArgumentParser(description=__doc__, epilog="recipes (--recipe NAME):\n" + describe_recipes(),
                             formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_arguments(parser, TrainConfig, "training")
-    add_arguments(parser, table[algo][0], f"{algo} (see minies/{table[algo][1].__module__.split('.')[-1]}.py)")
-    parser.set_defaults(algo=algo)
-    names = {f.name for config in (TrainConfig, table[algo][0]) for f in dataclasses.fields(config)}
+    config_class, algorithm = table[algo]
+    module = f"minies/{algorithm.__module__.split('.')[-1]}.py"
+    names = {f.name for config in (TrainConfig, config_class) for f in dataclasses.fields(config)}
+    origins = {"steps": f"{module}: {algorithm.__name__}.default_steps", **recipe_origins(recipes, algo, names)}
+    add_arguments(parser, TrainConfig, "training", origins)
+    add_arguments(parser, config_class, f"{algo} (see {module})", origins)
+    parser.set_defaults(algo=algo, steps=algorithm.default_steps)
     parser.set_defaults(**recipe_defaults(recipes, algo, names))
     args = parser.parse_args(argv)
     args.model = args.model or default_model(args.task)  # resolved here, so config.json records the path
-    return (from_args(TrainConfig, args), from_args(table[algo][0], args), table[algo][1],
-            [name for name in recipes if name])
+    return from_args(TrainConfig, args), from_args(config_class, args), algorithm, [name for name in recipes if name]
 
 
 def describe_settings(names, cfg, algo_cfg):
@@ -121,8 +122,6 @@ def heldout(model, tok, task, cfg, n, progress=False):
 
 def main(argv=None):
     cfg, algo_cfg, Algorithm, recipes = parse_args(argv)
-    if cfg.steps is None:
-        cfg.steps = Algorithm.default_steps
     distributed.init()
     main_rank = distributed.is_main()
     if main_rank:
@@ -155,7 +154,7 @@ def main(argv=None):
     cfg.prompt_style = prompt_style_for(cfg.prompt_style, model_config)
     task = get_task(cfg.task, seed=cfg.seed, data=cfg.data, prompt_style=cfg.prompt_style,
                     max_new_tokens=cfg.max_new_tokens, eval_data=cfg.eval_data, train_problems=cfg.train_problems,
-                    reward=cfg.reward)
+                    reward=cfg.reward, system=cfg.system, numbers=cfg.numbers, low=cfg.low, high=cfg.high)
     if cfg.data is None and task.needs_data:
         raise UserError(task.data_help)
     cfg.max_new_tokens, cfg.reward = task.max_new_tokens, task.reward

@@ -151,8 +151,8 @@ def is_es(cfg, method):
 def rollouts_per_step(cfg, method):
     if is_es(cfg, method):
         return cfg.es_population * cfg.es_prompts
-    grpo = GRPOConfig()
-    return grpo.prompts * grpo.group_size  # train.py's defaults, for GRPO, GRPO-hot and C3PO alike
+    grpo = train.parse_args(["--algo", "grpo", "--task", cfg.task, "--model", cfg.model])[1]  # the model's own
+    return grpo.prompts * grpo.group_size  # for GRPO, GRPO-hot and C3PO alike
 
 
 def step_seconds(cfg, method):

@@ -28,6 +28,10 @@ CHECKS = {
     "temperature": ("a number in [0.01, 100]", "an integer in [1, 100]", lambda x: 0.01 <= x <= 100),
     "regex": ("a valid regular expression", "", None),
     "clip": ("a number in [0, 10]", "an integer in [0, 10]", lambda x: 0 <= x <= 10),  # of a ratio around 1
+    # Task difficulty: no task takes more than 50 numbers (arithmetic's limit; countdown checks its own 2 to 6),
+    # and no number more digits than an arithmetic answer may have (12: minies/tasks/arithmetic.py).
+    "numbers": ("a number in [1, 50]", "an integer in [1, 50]", lambda x: 1 <= x <= 50),
+    "number_value": ("a number in [0, 1e12)", "an integer in [0, 999999999999]", lambda x: 0 <= x < 10**12),
 }
 
 
@@ -55,28 +59,40 @@ def checked(kind, check):
     return parse
 
 
-def option(default, help, check=None, **kwargs):
-    """A dataclass field with a help text, optionally the valid range of a number (`check`, see CHECKS),
-    and optional argparse extras such as choices."""
-    return dataclasses.field(default=default, metadata={"help": help, "check": check, **kwargs})
+def option(default, help, check=None, source=None, **kwargs):
+    """A dataclass field with a help text, optionally the valid range of a number (`check`, see CHECKS), where its
+    default comes from (`source`: a paper, for the values minies takes from one), and optional argparse extras
+    such as choices."""
+    return dataclasses.field(default=default, metadata={"help": help, "check": check, "source": source, **kwargs})
 
 
-def add_arguments(parser, config_class, title=None):
+def add_arguments(parser, config_class, title=None, origins=None):
+    """The fields of `config_class` as flags. --help shows each default and where it comes from: `origins`
+    (field -> e.g. "recipe tiny", for defaults a recipe sets), else the field's `source`. A None default is
+    described by the help text itself."""
     group = parser.add_argument_group(title or config_class.__name__)
     for f in dataclasses.fields(config_class):
         flag = "--" + f.name.replace("_", "-")
-        extra = {k: v for k, v in f.metadata.items() if k not in ("help", "check")}
-        help_text = f.metadata["help"] + " (default: %(default)s)"
-        if f.type in (bool, "bool"):
+        extra = {k: v for k, v in f.metadata.items() if k not in ("help", "check", "source")}
+        kind = {"int": int, "float": float, "str": str, "bool": bool}.get(f.type, f.type)
+        check = f.metadata.get("check")
+        help_text = f.metadata["help"] + (f"; {valid_range(kind, check)}" if check else "")
+        help_text += default_text(f, (origins or {}).get(f.name) or f.metadata.get("source"))
+        if kind is bool:
             group.add_argument(flag, action=argparse.BooleanOptionalAction, default=f.default, help=help_text)
         else:
-            kind = {"int": int, "float": float, "str": str}.get(f.type, f.type)
-            check = f.metadata.get("check")
-            if check:
-                help_text = f"{f.metadata['help']}; {valid_range(kind, check)} (default: %(default)s)"
-                kind = checked(kind, check)
-            group.add_argument(flag, default=f.default, help=help_text, **{"type": kind, **extra})
+            group.add_argument(flag, default=f.default, help=help_text,
+                               **{"type": checked(kind, check) if check else kind, **extra})
     return group
+
+
+def default_text(f, origin):
+    """" (default: VALUE; ORIGIN)" for --help; VALUE is filled in by argparse when it prints (%(default)s), so
+    that a default set later (set_defaults) shows. Lists print as they are typed, space-separated."""
+    if f.default is None and "default" in f.metadata["help"]:
+        return ""  # the help text says what None means
+    value = " ".join(map(str, f.default)) if isinstance(f.default, (list, tuple)) else "%(default)s"
+    return f" (default: {value}{'; ' + origin if origin else ''})"
 
 
 def from_args(config_class, args):
@@ -88,9 +104,9 @@ def from_args(config_class, args):
 
 @dataclasses.dataclass
 class ModelOptions:
-    model: str = option(None, "hub id or local directory of a causal LM (None: the shipped tiny model for --task: "
-                        "minies/assets/tiny-countdown for countdown, minies/assets/tiny otherwise); a model may name "
-                        "its own recipe (minies/recipes.py)")
+    model: str = option(None, "hub id, local directory or GGUF file of a causal LM (default: the shipped tiny model "
+                        "for --task: minies/assets/tiny-countdown for countdown, minies/assets/tiny otherwise); a "
+                        "model may name its own recipe (minies/recipes.py)")
     dtype: str = option("float32", "weights dtype", choices=list(DTYPES))
     load_in_8bit: bool = option(False, "load the linear layers in 8-bit (bitsandbytes LLM.int8)")
     chat_template: bool = option(True, "wrap questions in the tokenizer's chat template when it has one")
@@ -114,11 +130,22 @@ class TaskOptions:
                                "full instructions with the answer format, for instruction-tuned models; qiu, "
                                "tinyzero (countdown): the papers' own prompts; auto: the model's recipe's, else "
                                "instruct", choices=["auto", *ALL_PROMPT_STYLES])
+    system: str = option(None, "the system message of chat-templated prompts (default: the prompt style's own: "
+                         "instruct 'You are a helpful assistant.', tinyzero TinyZero's, terse none, so that no "
+                         "model adds its own identity prompt); eval.py --show-prompt prints the result")
     reward: str = option("auto", "reward scheme: minies (1 correct + 0.1 for a readable answer); qiu, tinyzero "
                          "(countdown): the papers' own (docs/papers.md); auto: the prompt style's own",
                          choices=["auto", *REWARDS])
     max_new_tokens: int = option(None, "tokens generated per completion (default: the task's for the prompt "
                                  "style; instruct: arithmetic 256, countdown 1024, gsm8k 512)", check="positive")
+    numbers: int = option(None, "generated problems' difficulty: how many numbers each has (default: the task's: "
+                          "arithmetic sums 2, countdown gives 3 with terse prompts, else 3 or 4; countdown takes 2 "
+                          "to 6)", check="numbers")
+    low: int = option(None, "generated problems' difficulty: the smallest number, inclusive (default: the task's: "
+                      "arithmetic 0, countdown 1; countdown takes 1 or more)", check="number_value")
+    high: int = option(None, "generated problems' difficulty: the largest number, inclusive (default: the task's: "
+                       "arithmetic 99, countdown 20 with terse prompts, else 99 with targets <= 100, a cap lifted "
+                       "for any other range)", check="number_value")
 
 
 def option_of(config_class, name):

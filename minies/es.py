@@ -56,21 +56,30 @@ from minies.metrics import average_ranks
 from minies.models import int8_row_scales, model_device
 from minies.perturbed import InPlacePopulation, PerturbedTensor
 from minies.placement import choose_mode, master_device
+from minies.recipes import QIU
 from minies.rollout import encode, generate
 
 
 @dataclass
 class ESConfig:
-    population: int = option(32, "members per step (N); even when antithetic", check="count")
-    sigma: float = option(8e-3, "noise scale σ of the perturbations", check="positive")
-    alpha: float = option(1e-2, "step size α (1/σ folded in)", check="positive")
-    prompts_per_step: int = option(256, "prompts every member is scored on (the same for all members)",
-                                   check="count")
-    antithetic: bool = option(True, "mirrored pairs +ε / −ε")
-    normalize: str = option("rank", "reward normalization across members", choices=["rank", "zscore"])
+    # The defaults are Qiu et al.'s (their code); the shipped models' recipes hold what was tuned on them.
+    population: int = option(30, "members per step (N); even when antithetic", check="count",
+                             source=f"{QIU}es_fine-tuning_countdown.py: POPULATION_SIZE")
+    sigma: float = option(1e-3, "noise scale σ of the perturbations", check="positive",
+                          source=f"{QIU}es_fine-tuning_countdown.py: SIGMA")
+    alpha: float = option(5e-4, "step size α (1/σ folded in)", check="positive",
+                          source=f"{QIU}es_fine-tuning_countdown.py: ALPHA, with 1/N in the update")
+    prompts_per_step: int = option(200, "prompts every member is scored on (the same for all members)",
+                                   check="count", source="Qiu et al. 2025: --data_sample 200, all scored every step")
+    antithetic: bool = option(False, "mirrored pairs +ε / −ε",
+                              source=f"{QIU}es_fine-tuning_countdown.py: every member's seed drawn on its own")
+    normalize: str = option("zscore", "reward normalization across members", choices=["rank", "zscore"],
+                            source=f"{QIU}es_fine-tuning_countdown.py: (r − mean) / (std + 1e-8)")
     params: str = option(".*", "regex: perturb only the parameters whose name matches ('.*': all; the shipped "
-                         "model's recipe names its embeddings and first block)", check="regex")
-    greedy: bool = option(True, "score members with greedy decoding (else sampled at --temperature)")
+                         "model's recipe names its embeddings and first block)", check="regex",
+                         source=f"{QIU}es_fine-tuning_countdown.py: every named parameter is perturbed")
+    greedy: bool = option(True, "score members with greedy decoding (else sampled at --temperature)",
+                          source=f"{QIU}es_fine-tuning_countdown.py: do_sample = False")
     temperature: float = option(1.0, "sampling temperature when not greedy", check="temperature")
     micro_batch: int = option(1024, "sequences per generate call (lowrank: members per call = this // prompts)",
                               check="count")
@@ -136,7 +145,7 @@ class ES:
     """ES's step (module docstring), its parts marked with torch.profiler ranges (es.rollout, es.update)
     for bench/es.py."""
 
-    default_steps = 140  # sized for the shipped model (what it gives: docs/results.md)
+    default_steps = 500  # Qiu et al. 2025's NUM_ITERATIONS; the shipped models' recipes set their own
 
     def __init__(self, model, tokenizer, task, config, chat_template=True):
         self.model, self.tokenizer, self.task, self.config = model, tokenizer, task, config

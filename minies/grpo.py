@@ -33,6 +33,7 @@ from torch.profiler import record_function
 
 from minies import UserError, distributed, lora
 from minies.config import option
+from minies.recipes import DSM, THREEPO
 from minies.grpo_loss import AGGREGATIONS, group_advantages, grpo_loss
 from minies.guard import check_finite
 from minies.masters import MasterWeights
@@ -43,22 +44,27 @@ from minies.rollout import completion_logprobs, generate, logits_rows
 class PolicyGradientConfig:
     """The flags GRPO and 3PO share: the batch, the loss, clipping and LoRA. GRPOConfig adds GRPO's
     optimizer; ThreePOConfig (minies/threepo.py) adds IVON's."""
-    prompts: int = option(16, "prompts per step (P), over all processes", check="count")
-    group_size: int = option(8, "completions per prompt (G)", check="count")
+    # The defaults are the 3PO paper's RL stage (GRPO its baseline); the shipped models' recipes hold what was
+    # tuned on them.
+    prompts: int = option(32, "prompts per step (P), over all processes", check="count", source=THREEPO)
+    group_size: int = option(16, "completions per prompt (G)", check="count", source=f"{THREEPO}: G = 8 to 16")
     temperature: float = option(1.0, "sampling temperature; log-probs are taken at the same temperature",
                                 check="temperature")
-    lr: float = option(1e-4, "learning rate", check="positive")
+    lr: float = option(1e-6, "learning rate", check="positive",
+                       source=f"{THREEPO}'s GRPO baseline (AdamW); {DSM}, §4.2")
     micro_batch: int = option(64, "completions per forward/backward, at most (fewer when their logits would pass "
                               "1 GiB: minies/rollout.py); gradients accumulate over the batch", check="count")
-    epsilon_low: float = option(0.2, "clip the token ratio below at 1 - epsilon_low", check="probability")
-    epsilon_high: float = option(0.2, "clip the token ratio above at 1 + epsilon_high", check="clip")
+    epsilon_low: float = option(0.2, "clip the token ratio below at 1 - epsilon_low", check="probability",
+                                source=THREEPO)
+    epsilon_high: float = option(0.2, "clip the token ratio above at 1 + epsilon_high", check="clip", source=THREEPO)
     beta: float = option(0.0, "weight of the KL penalty to the initial policy (0: no reference is kept)",
-                         check="non_negative")
+                         check="non_negative", source=f"{THREEPO}: no KL")
     scale_rewards: str = option("group", "divide advantages by the group's reward std, the batch's, or nothing "
                                 "(Dr. GRPO)", choices=["group", "batch", "none"])
     loss_aggregation: str = option("grpo", "grpo: mean per sequence then over sequences; dapo: mean over tokens; "
                                    "dr_grpo: sum / (B * max_new_tokens)", choices=list(AGGREGATIONS))
-    max_grad_norm: float = option(1.0, "clip the gradient norm to this (inf: no clipping)", check="positive_or_inf")
+    max_grad_norm: float = option(1.0, "clip the gradient norm to this (inf: no clipping)", check="positive_or_inf",
+                                  source=THREEPO)
     gradient_checkpointing: bool = option(False, "recompute activations in the backward pass to save memory")
     lora_rank: int = option(0, "train LoRA adapters of this rank on a frozen base; 0: train all weights "
                             "(a model loaded in 8-bit needs > 0)", check="non_negative")
@@ -72,7 +78,8 @@ class PolicyGradientConfig:
 class GRPOConfig(PolicyGradientConfig):
     optim: str = option("adamw", "optimizer: torch AdamW, or bitsandbytes' 8-bit AdamW (either on fp32 masters "
                         "of half-precision weights)", choices=["adamw", "adamw8bit"])
-    updates_per_batch: int = option(1, "optimizer steps on each batch of completions (μ)", check="count")
+    updates_per_batch: int = option(1, "optimizer steps on each batch of completions (μ)", check="count",
+                                    source=f"{THREEPO}; {DSM}, §4.2: one update per batch")
 
 
 class Scores(NamedTuple):

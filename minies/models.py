@@ -1,5 +1,6 @@
-"""Loading causal language models and their tokenizers: a hub id or a local directory,
-float32 / bfloat16 / float16, or LLM.int8 through bitsandbytes (on CUDA and on CPU)."""
+"""Loading causal language models and their tokenizers: a hub id, a local directory or a GGUF file (converted
+once to a directory: minies/gguf.py), float32 / bfloat16 / float16, or LLM.int8 through bitsandbytes (on CUDA
+and on CPU)."""
 import json
 import logging
 import os
@@ -9,6 +10,7 @@ import torch
 import transformers
 
 from minies import UserError, allocator
+from minies.gguf import convert_gguf, is_gguf
 
 SHIPPED_MODEL = os.path.join(os.path.dirname(__file__), "assets", "tiny")
 # The shipped model trained on each task (docs/tiny-model.md); any other task uses SHIPPED_MODEL.
@@ -46,9 +48,9 @@ def load_config(name=SHIPPED_MODEL):
     a large model is loaded."""
     from transformers import AutoConfig
 
-    _check_source(name)
+    path = model_path(name)
     try:
-        return AutoConfig.from_pretrained(os.path.expanduser(name))
+        return AutoConfig.from_pretrained(path)
     except Exception as e:  # network, missing files, bad id: one line for the user
         raise UserError(f"--model {name}: cannot load its config ({type(e).__name__}: {str(e).splitlines()[0]})")
 
@@ -68,10 +70,17 @@ def default_device():
     return torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
 
 
+def model_path(name):
+    """What transformers reads for model `name`: a GGUF file's converted directory (converted on first use,
+    minies/gguf.py), else `name` with ~ expanded (a local directory or a hub id)."""
+    _check_source(name)
+    return convert_gguf(name) if is_gguf(name) else os.path.expanduser(name)
+
+
 def _check_source(name):
     looks_local = os.path.isabs(name) or name.startswith((".", "~")) or os.path.exists(name)
-    if looks_local and not os.path.isdir(os.path.expanduser(name)):
-        raise UserError(f"--model {name}: no such directory; give a local model directory or a hub id")
+    if looks_local and not is_gguf(name) and not os.path.isdir(os.path.expanduser(name)):
+        raise UserError(f"--model {name}: no such directory; give a local model directory, a .gguf file or a hub id")
 
 
 def tokenizer_class(path):
@@ -88,8 +97,7 @@ def load_tokenizer(name=SHIPPED_MODEL):
     pad token (the EOS token when the model defines none, as Llama does)."""
     from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
-    _check_source(name)
-    path = os.path.expanduser(name)
+    path = model_path(name)
     # A local tokenizer.json saved as a plain fast tokenizer (the shipped models' character tokenizer) is
     # loaded as it is: AutoTokenizer would make it a Qwen2Tokenizer for a qwen2 config, whose byte-level
     # pre-tokenizer drops spaces ("Use 3 7" would lose them).
@@ -114,7 +122,7 @@ def load_model(name=SHIPPED_MODEL, dtype="float32", load_in_8bit=False, device=N
 
     if dtype not in DTYPES:
         raise UserError(f"--dtype {dtype}: choose one of {', '.join(DTYPES)}")
-    _check_source(name)
+    path = model_path(name)
     device = torch.device(device) if device is not None else default_device()
     if device.type == "cpu":
         allocator.reuse_freed_memory()  # a forward's large tensors from memory freed by the last (minies/allocator.py)
@@ -123,7 +131,7 @@ def load_model(name=SHIPPED_MODEL, dtype="float32", load_in_8bit=False, device=N
         kwargs["quantization_config"] = BitsAndBytesConfig(load_in_8bit=True)
         kwargs["device_map"] = {"": device.index if device.type == "cuda" else "cpu"}
     try:
-        model, info = AutoModelForCausalLM.from_pretrained(os.path.expanduser(name), output_loading_info=True, **kwargs)
+        model, info = AutoModelForCausalLM.from_pretrained(path, output_loading_info=True, **kwargs)
     except Exception as e:
         raise UserError(f"--model {name}: cannot load it ({type(e).__name__}: {str(e).splitlines()[0]})")
     check_loaded(name, info)

@@ -37,6 +37,25 @@ TUNED = "tuned on the shipped model (docs/tuning.md)"
 # The shipped Qiu-format model's data file, in Qiu et al.'s format (qiu_rows(2200, seed=0), scripts/make_tiny.py).
 QIU_DATA = os.path.join(os.path.dirname(__file__), "assets", "tiny-qiu", "countdown.json")
 
+# What the shipped models were tuned with (docs/tuning.md), where it differs from the papers' values that the
+# flags default to: the three shipped recipes start from it.
+SHIPPED_TUNED = {
+    "es": {"population": (32, TUNED), "sigma": (8e-3, TUNED), "alpha": (1e-2, TUNED),
+           "prompts_per_step": (256, TUNED), "antithetic": (True, f"{TUNED}: mirrored pairs halve the noise's variance"),
+           "normalize": ("rank", f"{TUNED}: robust to a few members' outlying rewards"),
+           "steps": (140, f"{TUNED}: where its held-out accuracy levels off (docs/results.md)")},
+    "grpo": {"lr": (1e-4, TUNED), "prompts": (16, TUNED), "group_size": (8, TUNED)},
+    **{algo: {"prompts": (16, TUNED), "group_size": (8, TUNED),
+              "clip_radius": (0.1, f"{TUNED}: 1e-3 moves a 1M-parameter model too little")}
+       for algo in ("b3po", "m3po", "c3po")},
+}
+
+
+def shipped(per_algo):
+    """A shipped model's per-algorithm values: SHIPPED_TUNED, then its own (`per_algo`) over them."""
+    return {algo: {**SHIPPED_TUNED.get(algo, {}), **per_algo.get(algo, {})} for algo in ALGOS}
+
+
 RECIPES = {
     "qiu2025": Recipe(
         "ES as in Qiu et al. 2025 on Countdown: their data regime (a fixed set of 200 problems, scored every "
@@ -92,20 +111,20 @@ RECIPES = {
         "the shipped model's own (minies/assets/tiny): terse prompts; ES in place on its embeddings and first block",
         ALGOS,
         {"prompt_style": ("terse", "the shipped model was trained on terse questions (docs/tiny-model.md)")},
-        {"es": {"params": (r"embed_tokens|layers\.0\.", "nearly all of its reward gradient lies there "
-                           "(docs/tiny-model.md)"),
-                "mode": ("inplace", "the mode its settings were tuned and its results measured in")}}),
+        shipped({"es": {"params": (r"embed_tokens|layers\.0\.", "nearly all of its reward gradient lies there "
+                                   "(docs/tiny-model.md)"),
+                        "mode": ("inplace", "the mode its settings were tuned and its results measured in")}})),
     "tiny-countdown": Recipe(
         "the shipped Countdown model's own (minies/assets/tiny-countdown): terse Countdown; ES in place on all "
         "weights, α 0.03 on 64 prompts for 50 steps",
         ALGOS,
         {"task": ("countdown", "the task it was trained on"),
          "prompt_style": ("terse", "the shipped model was trained on terse questions (docs/tiny-model.md)")},
-        {"es": {"params": (".*", TUNED), "mode": ("inplace", TUNED), "alpha": (0.03, TUNED),
-                "prompts_per_step": (64, f"{TUNED}: a Countdown prompt costs ~4x an arithmetic one"),
-                "steps": (50, f"{TUNED}: where ES peaks")},
-         "m3po": {"steps": (150, f"{TUNED}: to learn within ~10 minutes on 2 cores")},
-         "c3po": {"steps": (200, f"{TUNED}: to learn within ~10 minutes on 2 cores")}}),
+        shipped({"es": {"params": (".*", TUNED), "mode": ("inplace", TUNED), "alpha": (0.03, TUNED),
+                        "prompts_per_step": (64, f"{TUNED}: a Countdown prompt costs ~4x an arithmetic one"),
+                        "steps": (50, f"{TUNED}: where ES peaks")},
+                 "m3po": {"steps": (150, f"{TUNED}: to learn within ~10 minutes on 2 cores")},
+                 "c3po": {"steps": (200, f"{TUNED}: to learn within ~10 minutes on 2 cores")}})),
     "tiny-qiu": Recipe(
         "the shipped Qiu-format model's own (minies/assets/tiny-qiu): Qiu et al.'s data regime, raw prompt, "
         "envelope and reward, with ES's settings tuned on it",
@@ -118,27 +137,31 @@ RECIPES = {
          "max_new_tokens": (72, f"{MINIES}: the model's trace and answer take at most ~70 tokens"),
          "eval_problems": (500, f"{MINIES}: the first 500 of the 2,000 held-out rows, for speed on a CPU "
                                 "(eval.py reads all 2,000)")},
-        {"es": {"params": (".*", TUNED), "mode": ("inplace", TUNED), "alpha": (0.01, TUNED),
-                "prompts_per_step": (200, "Qiu et al.: every member is scored on all 200 training problems"),
-                "steps": (12, f"{TUNED}: where held-out accuracy stops rising"),
-                "eval_every": (4, f"{MINIES}: a step scores 6,400 completions; an evaluation every ~3 minutes")},
-         "c3po": {"steps": (200, f"{MINIES}: to finish within ~12 minutes on 2 cores")}}),
+        shipped({"es": {"params": (".*", TUNED), "mode": ("inplace", TUNED), "alpha": (0.01, TUNED),
+                        "prompts_per_step": (200, "Qiu et al.: every member is scored on all 200 training problems"),
+                        "steps": (12, f"{TUNED}: where held-out accuracy stops rising"),
+                        "eval_every": (4, f"{MINIES}: a step scores 6,400 completions; an evaluation every ~3 "
+                                          "minutes")},
+                 "c3po": {"steps": (200, f"{MINIES}: to finish within ~12 minutes on 2 cores")}})),
 }
 
 
 def own_recipe(model):
     """The name of the recipe a local model directory names for itself (`minies_recipe` in its config.json),
     or None. Hub ids get none here: parsing flags (and --help) never waits on the network, and a model whose
-    config cannot be read gets none either, for loading it later to say why."""
+    config cannot be read gets none either, for loading it later to say why. A GGUF file is read through its
+    converted directory only when that exists already: parsing flags never converts one."""
     import os
 
     from minies import UserError
+    from minies.gguf import cached_gguf, is_gguf
     from minies.models import load_config
 
-    if not os.path.isdir(os.path.expanduser(model)):
+    path = cached_gguf(model) if is_gguf(model) else os.path.expanduser(model)
+    if path is None or not os.path.isdir(path):
         return None
     try:
-        name = getattr(load_config(model), "minies_recipe", None)
+        name = getattr(load_config(path), "minies_recipe", None)
     except UserError:
         return None
     if name is not None and (not isinstance(name, str) or name not in RECIPES):
@@ -156,10 +179,24 @@ def recipe_defaults(names, algo, fields):
     return out
 
 
+def recipe_origins(names, algo, fields):
+    """{flag: "recipe NAME"} for the flags in `fields` whose default a recipe of `names` sets (the strongest)."""
+    return {k: f"recipe {name}" for name in filter(None, names) for k in RECIPES[name].settings(algo) if k in fields}
+
+
 def describe():
     """The recipes as lines for --help."""
     return "\n".join(textwrap.fill(f"--algo {'|'.join(r.algos)}: {r.summary}", 100, initial_indent=f"  {name:<15} ",
                                    subsequent_indent=" " * 18) for name, r in RECIPES.items())
+
+
+def defaults_table(configs):
+    """The flags whose defaults come from a paper, as Markdown table rows (docs/papers.md holds them): `configs`
+    maps a label (the algorithms) to their config dataclass."""
+    import dataclasses
+
+    return "\n".join(f"| {label} | `--{f.name.replace('_', '-')}` | {f.default} | {f.metadata['source']} |"
+                     for label, config in configs.items() for f in dataclasses.fields(config) if f.metadata.get("source"))
 
 
 def table(name):

@@ -11,12 +11,14 @@ the pad token and masking "pad" would silently drop the EOS the model must learn
 declare several end tokens (Qwen2.5-Instruct's generation_config lists <|im_end|> and <|endoftext|>):
 generation stops at any of them, and masks, truncation and rewards treat them all alike (stop_token_ids).
 """
+import contextlib
 from dataclasses import dataclass
 
 import torch
-from transformers import GenerationConfig
+from tqdm import tqdm
+from transformers import GenerationConfig, StoppingCriteria, StoppingCriteriaList
 
-from minies import decoding
+from minies import decoding, distributed
 from minies.guard import Diverged
 from minies.models import model_device
 from minies.threads import follow_load
@@ -50,15 +52,28 @@ class Rollouts:
 
 
 def format_prompts(tokenizer, questions, chat_template=True, system=None, prefill=""):
-    """Prompt strings: each question as the user message of the tokenizer's chat template (after the
-    `system` message, if given) with the generation prompt, when the tokenizer has a template and
-    `chat_template` is on; else the question itself. `prefill` is appended either way: the start of the
-    answer, written for the model, which continues it (TinyZero's "Let me solve this step by step.\n<think>")."""
+    """Prompt strings, exactly as the model reads them: each question as the user message of the tokenizer's
+    chat template (after the `system` message, if given) with the generation prompt, when the tokenizer has a
+    template and `chat_template` is on; else the question itself after the tokenizer's own start tokens
+    (start_text). `prefill` is appended either way: the start of the answer, written for the model, which
+    continues it (TinyZero's "Let me solve this step by step.\n<think>")."""
     if chat_template and tokenizer.chat_template:
         head = [{"role": "system", "content": system}] if system is not None else []
         return [tokenizer.apply_chat_template(head + [{"role": "user", "content": q}], tokenize=False,
                                               add_generation_prompt=True) + prefill for q in questions]
-    return [q + prefill for q in questions]
+    start = start_text(tokenizer)
+    return [start + q + prefill for q in questions]
+
+
+def start_text(tokenizer):
+    """The special tokens a tokenizer puts before any text it encodes (Llama 3's <|begin_of_text|>), as text;
+    "" for one that adds none (Qwen2.5, the shipped models). Prompts are encoded without special tokens
+    (encode), so that a chat template, which writes its own, never gets a second one; a raw prompt gets them
+    here instead, written into the prompt string, where --show-prompt shows them."""
+    plain = tokenizer("x", add_special_tokens=False)["input_ids"]
+    marked = tokenizer("x")["input_ids"]
+    at = next((i for i in range(len(marked) - len(plain) + 1) if marked[i:i + len(plain)] == plain), 0)
+    return tokenizer.decode(marked[:at])
 
 
 def stop_token_ids(model, tokenizer):
@@ -108,16 +123,16 @@ def generate(model, tokenizer, prompts, max_new_tokens=16, temperature=1.0, top_
     on CUDA by default)."""
     device = model_device(model)
     stop_ids = stop_token_ids(model, tokenizer)
-    # Every sampling knob is set explicitly: anything left unset is filled from the checkpoint's
-    # generation_config.json (top_k=50, repetition penalties, ...), and the rollouts would then not come
-    # from the distribution that completion_logprobs scores.
+    # Every knob minies uses is set here, and no other (generate_from_nothing): the rollouts come from exactly
+    # the distribution that completion_logprobs scores, whatever the checkpoint's generation_config.json says.
     config = GenerationConfig(
         max_new_tokens=max_new_tokens, do_sample=not greedy, pad_token_id=tokenizer.pad_token_id,
         eos_token_id=stop_ids, repetition_penalty=1.0, no_repeat_ngram_size=0,
         **({} if greedy else {"temperature": temperature, "top_p": top_p, "top_k": 0, "min_p": 0.0, "typical_p": 1.0}))
     parts = []
     devices = [device] if device.type == "cuda" else []
-    with torch.random.fork_rng(devices=devices):
+    bar = tokens_bar(len(prompts["input_ids"] if isinstance(prompts, dict) else prompts), max_new_tokens)
+    with torch.random.fork_rng(devices=devices), generate_from_nothing(model), bar:
         torch.manual_seed(seed)
         encoded = prompts if isinstance(prompts, dict) else encode(tokenizer, prompts)
         for start in range(0, len(encoded["input_ids"]), micro_batch):
@@ -131,6 +146,8 @@ def generate(model, tokenizer, prompts, max_new_tokens=16, temperature=1.0, top_
             else:
                 inputs = {**enc, **(shared_prompt_cache(model, enc["input_ids"], enc["attention_mask"])
                                     if share_prompts else {})}
+            counted = BarTokens(bar, rows)
+            inputs["stopping_criteria"] = StoppingCriteriaList([*inputs.get("stopping_criteria", []), counted])
             try:
                 completions = model.generate(**inputs, generation_config=config)[:rows, width:]
             except RuntimeError as e:  # sampling from logits that overflowed: the weights or the temperature diverged
@@ -142,7 +159,44 @@ def generate(model, tokenizer, prompts, max_new_tokens=16, temperature=1.0, top_
                                            skip_special_tokens=True)
             ended = (torch.isin(completions, torch.tensor(stop_ids, device=device)) & mask.bool()).any(-1)
             parts.append(Rollouts(enc["input_ids"], enc["attention_mask"], completions, mask, texts, ended.cpu()))
+            counted.finish(max_new_tokens)
     return concat_rollouts(parts, tokenizer.pad_token_id)
+
+
+@contextlib.contextmanager
+def generate_from_nothing(model):
+    """While generating, the model's generation_config is a blank one: transformers fills every setting that
+    generate's own config leaves unset from it, so a checkpoint declaring num_beams, min_new_tokens,
+    bad_words_ids or a repetition penalty would otherwise change how minies decodes (and what it scores)."""
+    declared = model.generation_config
+    model.generation_config = GenerationConfig()
+    try:
+        yield
+    finally:
+        model.generation_config = declared
+
+
+def tokens_bar(rows, max_new_tokens):
+    """A bar of the tokens generated, shown only when generating takes more than a few seconds (a real model
+    on a CPU) and only on the main process: a long generation shows life, a short one prints nothing."""
+    return tqdm(total=rows * max_new_tokens, desc="generating", unit="tok", unit_scale=True, leave=False,
+                delay=5, dynamic_ncols=True, disable=not distributed.is_main())
+
+
+class BarTokens(StoppingCriteria):
+    """Moves the tokens bar by one token per row at every decoding step; stops nothing. A row that ends early
+    counts as generating up to max_new_tokens, so that the bar's total is right when the call is done."""
+
+    def __init__(self, bar, rows):
+        self.bar, self.rows, self.steps = bar, rows, 0
+
+    def __call__(self, input_ids, scores, **kwargs):
+        self.steps += 1
+        self.bar.update(self.rows)
+        return torch.zeros(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)
+
+    def finish(self, max_new_tokens):
+        self.bar.update(self.rows * max(0, max_new_tokens - self.steps))
 
 
 def concat_rollouts(parts, pad_id):

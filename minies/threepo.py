@@ -58,6 +58,7 @@ import torch
 
 from minies import UserError, distributed
 from minies.config import option
+from minies.recipes import THREEPO
 from minies.grpo import GRPO, PolicyGradientConfig
 from minies.ivon import IVON
 from minies.rollout import concat_rollouts, pad_right
@@ -69,18 +70,20 @@ class ThreePOConfig(PolicyGradientConfig):
     gradients at all of the step's weight samples (so it has no --optim and no --updates-per-batch)."""
     # GRPO's flag, IVON's meaning and default.
     lr: float = option(1.0, "IVON learning rate; each weight moves by at most lr·(h0+δ)·clip_radius per step",
-                       check="positive")
-    # IVON (docs/papers.md). The paper's values, except lr and clip_radius: see docs/tuning.md.
-    ess: float = option(1e9, "IVON effective sample size λ: larger means a narrower posterior", check="positive")
+                       check="positive", source=THREEPO)
+    # IVON (docs/papers.md), at the paper's values; the shipped models' recipes widen clip_radius (docs/tuning.md).
+    ess: float = option(1e9, "IVON effective sample size λ: larger means a narrower posterior", check="positive",
+                        source=THREEPO)
     hess_init: float = option(1e-3, "IVON initial Hessian h0; the posterior std starts at 1/sqrt(ess·h0) = 1e-3",
-                              check="positive")
-    beta1: float = option(0.9, "IVON momentum of the gradient", check="fraction")
-    beta2: float = option(0.9999, "IVON momentum of the Hessian estimate", check="fraction")
-    weight_decay: float = option(1e-6, "IVON weight decay δ (also the prior precision in σ)", check="non_negative")
-    clip_radius: float = option(0.1, "IVON clips each coordinate of (m + δθ)/(h + δ) to ±clip_radius",
-                                check="positive_or_inf")
+                              check="positive", source=THREEPO)
+    beta1: float = option(0.9, "IVON momentum of the gradient", check="fraction", source=THREEPO)
+    beta2: float = option(0.9999, "IVON momentum of the Hessian estimate", check="fraction", source=THREEPO)
+    weight_decay: float = option(1e-6, "IVON weight decay δ (also the prior precision in σ)", check="non_negative",
+                                 source=THREEPO)
+    clip_radius: float = option(1e-3, "IVON clips each coordinate of (m + δθ)/(h + δ) to ±clip_radius",
+                                check="positive_or_inf", source=THREEPO)
     rescale_lr: bool = option(True, "IVON multiplies lr by h0 + δ, so that the first steps are SGD with rate lr "
-                              "where nothing is clipped")
+                              "where nothing is clipped", source=THREEPO)
 
 
 @dataclass
@@ -92,12 +95,13 @@ class M3POConfig(ThreePOConfig):
 @dataclass
 class C3POConfig(ThreePOConfig):
     chunks: int = option(2, "N: each group's G completions come in N chunks, each generated at its own weight sample",
-                         check="count")
-    ratio_truncate: float = option(2.0, "truncate the sequence importance ratio at this", check="positive")
+                         check="count", source=f"{THREEPO}: the headline run's N = 2")
+    ratio_truncate: float = option(2.0, "truncate the sequence importance ratio at this", check="positive",
+                                   source=THREEPO)
     ratio_keep_min: float = option(0.5, "drop rollouts whose sequence importance ratio is below this",
-                                   check="non_negative")
+                                   check="non_negative", source=THREEPO)
     ratio_keep_max: float = option(2.0, "drop rollouts whose sequence importance ratio is above this",
-                                   check="positive_or_inf")
+                                   check="positive_or_inf", source=THREEPO)
 
 
 def weight_seeds(seed, count):

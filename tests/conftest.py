@@ -31,6 +31,17 @@ def shipped_model_ready():
                for f in ("config.json", "model.safetensors", "tokenizer.json"))
 
 
+def tuned(config_class, algo, **options):
+    """`config_class` with the shipped model's tuned values (its recipe `tiny`: the flags default to the papers'
+    values, sized for real models), then `options` over them."""
+    import dataclasses
+
+    from minies.recipes import recipe_defaults
+
+    fields = {f.name for f in dataclasses.fields(config_class)}
+    return config_class(**{**recipe_defaults(["tiny"], algo, fields), **options})
+
+
 def build_throwaway_model(out, steps=30, batch=32, seed=0):
     """A 2-layer version of the shipped model, warm-started for a few steps with make_tiny's own
     tokenizer, architecture and SFT batches: enough to emit the answer format and EOS. (make_tiny.main

@@ -51,7 +51,9 @@ def test_help_shows_every_flag_with_its_default(config_classes):
             # The flag's own line starts with it (other help texts may mention it further along).
             line = next((ln for ln in lines if re.match(rf"\s*{re.escape(flag)}(\s|,|/|$)", ln)), None)
             assert line is not None, f"{flag} missing from --help"
-            assert f.metadata["help"] in line and f"(default: {f.default})" in line, line
+            described = f.default is None and "default" in f.metadata["help"]  # the help text says what None means
+            shown = " ".join(map(str, f.default)) if isinstance(f.default, (list, tuple)) else f.default
+            assert f.metadata["help"] in line and (described or f"(default: {shown}" in line), line
 
 
 def test_parsed_values_round_trip():

@@ -38,7 +38,7 @@ def test_distinct_solutions_hand_counted(numbers, target, expected):
 def test_a_parsed_solution_has_its_brute_force_form():
     """The verifier's canonical form of an answer (Score.solution) is the key solutions() gives it, whatever
     the order of operands, grouping or redundant parentheses; so distinct solutions can be counted."""
-    task = Countdown(test_size=200, count=4)
+    task = Countdown(test_size=200, numbers=4)
     for p in task.test_problems():
         for key, text in solutions(p.numbers, int(p.answer)).items():
             assert parse_expression(text, 200, 10)[2] == key
@@ -71,7 +71,7 @@ def test_solvable():
 
 @pytest.mark.parametrize("count,size", [(3, 300), (4, 40)])
 def test_generated_problems_are_solvable_and_splits_apart(count, size):
-    task = Countdown(test_size=size, count=count)
+    task = Countdown(test_size=size, numbers=count)
     test = task.test_problems()
     assert all(solvable(p.numbers, int(p.answer)) for p in test)
     train_questions = {p.question for p in task.train_problems(2000, seed=1)}

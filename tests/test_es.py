@@ -9,7 +9,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from conftest import needs_cuda
+from conftest import needs_cuda, tuned
 from minies import UserError
 from minies.analysis import answer_outcome
 from minies.eggroll import LowRankPopulation
@@ -29,7 +29,7 @@ def weights(model):
 def make_es(model_dir, dtype="float32", load_in_8bit=False, device="cpu", **overrides):
     """An ES on a small step, in place unless told otherwise (`auto` would pick lowrank for 8 prompts)."""
     model = load_model(model_dir, dtype, load_in_8bit, device=device)
-    cfg = ESConfig(**{"population": 4, "prompts_per_step": 8, "mode": "inplace", **overrides})
+    cfg = tuned(ESConfig, "es", **{"population": 4, "prompts_per_step": 8, "mode": "inplace", **overrides})
     return ES(model, load_tokenizer(model_dir), Arithmetic(test_size=50), cfg)
 
 

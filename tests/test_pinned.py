@@ -7,6 +7,7 @@ import pytest
 import torch
 
 import train
+from conftest import tuned
 from minies.models import load_model, load_tokenizer
 from minies.recipes import RECIPES
 from minies.tasks import Arithmetic
@@ -43,7 +44,7 @@ def five_steps(model_dir, name):
     task = Arithmetic(test_size=20)
     model = load_model(model_dir, device="cpu")
     start = {name: p.detach().clone() for name, p in model.named_parameters()}
-    algo = algorithm_class(model, load_tokenizer(model_dir), task, config_class(**options))
+    algo = algorithm_class(model, load_tokenizer(model_dir), task, tuned(config_class, algo_name, **options))
     rewards = []
     for step in range(5):
         log = algo.step(task.train_problems(algo.prompts_per_step, seed=step), seed=step)

@@ -131,7 +131,9 @@ def test_config_json_records_resolved_values(tmp_path, model_dir, capsys):
     captured = capsys.readouterr()
     assert code == 0, captured.err + message
     # The recipes applied, weakest first, each with the values the run resolved (the command line's win).
-    assert captured.out.startswith("recipe tiny: --prompt-style terse, --params .*, --mode inplace\n"
+    assert captured.out.startswith("recipe tiny: --prompt-style terse, --population 2, --sigma 0.001, --alpha 0.0005, "
+                                   "--prompts-per-step 2, --antithetic False, --normalize zscore, --steps 1, --params "
+                                   ".*, --mode inplace\n"
                                    "recipe qiu2025: --task arithmetic, --prompt-style terse, --reward minies")
     config = json.loads((tmp_path / "es-arithmetic-seed0" / "config.json").read_text())
     assert config["recipes"] == ["tiny", "qiu2025"] and config["train"]["recipe"] == "qiu2025"
@@ -155,7 +157,7 @@ def test_a_model_names_its_recipe(tmp_path, model_dir):
     cfg, es = parse("--model", str(out))
     assert (cfg.task, es.alpha, es.prompts_per_step, cfg.steps) == ("countdown", 0.03, 64, 50)
     assert parse("--model", str(out), "--recipe", "qiu2025")[1].alpha == 5e-4
-    assert parse("--model", str(out), "--algo", "grpo")[0].steps is None  # none named: the algorithm's own
+    assert parse("--model", str(out), "--algo", "grpo")[0].steps == 200  # none named: the algorithm's own
     config["minies_recipe"] = "bogus"
     (out / "config.json").write_text(json.dumps(config))
     with pytest.raises(UserError, match="minies_recipe 'bogus'"):
@@ -204,3 +206,67 @@ def test_the_readme_real_model_commands_parse(tmp_path):
         task = get_task(cfg.task, data=cfg.data, eval_data=cfg.eval_data, train_problems=cfg.train_problems,
                         prompt_style=style, reward=cfg.reward, max_new_tokens=cfg.max_new_tokens)
         assert task.test_problems() and (cfg.data is None or task.train_problems(2, seed=0)), (doc, argv)
+
+
+def plain_copy(tmp_path):
+    """The shipped model without its recipe: what any model that names none gets."""
+    shutil.copytree(REPO / "minies" / "assets" / "tiny", tmp_path, dirs_exist_ok=True)
+    config = json.loads((tmp_path / "config.json").read_text())
+    config.pop("minies_recipe")
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    return str(tmp_path)
+
+
+def test_a_model_without_a_recipe_gets_the_papers_defaults(tmp_path):
+    model = plain_copy(tmp_path)
+    cfg, es = parse("--model", model)
+    assert (es.population, es.sigma, es.alpha, es.normalize, es.antithetic, es.greedy, es.prompts_per_step) == (
+        30, 1e-3, 5e-4, "zscore", False, True, 200)
+    assert cfg.steps == 500 and cfg.prompt_style == "auto"
+    _, g = parse("--model", model, "--algo", "grpo")
+    assert (g.lr, g.prompts, g.group_size, g.epsilon_low, g.epsilon_high, g.beta) == (1e-6, 32, 16, 0.2, 0.2, 0.0)
+    _, c = parse("--model", model, "--algo", "c3po")
+    assert (c.lr, c.clip_radius, c.prompts, c.group_size, c.chunks) == (1.0, 1e-3, 32, 16, 2)
+
+
+@pytest.mark.parametrize("algo", ["es", "grpo", "b3po", "m3po", "c3po"])
+def test_the_shipped_models_keep_their_tuned_values(algo):
+    """Their recipes hold what the flags defaulted to when they were tuned: the pinned logs and the README's
+    numbers stay what they were."""
+    old = {"es": dict(population=32, sigma=8e-3, alpha=1e-2, prompts_per_step=256, antithetic=True, normalize="rank"),
+           "grpo": dict(lr=1e-4, prompts=16, group_size=8)}
+    old.update({name: dict(lr=1.0, clip_radius=0.1, prompts=16, group_size=8) for name in ("b3po", "m3po", "c3po")})
+    steps = {"es": 140, "grpo": 200, "b3po": 200, "m3po": 200, "c3po": 300}
+    for model in ("tiny", "tiny-countdown", "tiny-qiu"):
+        cfg, algo_cfg = parse("--model", str(REPO / "minies" / "assets" / model), "--algo", algo)
+        expected = {**old[algo], **{k: v for k, v in RECIPES[model].settings(algo).items() if k in old[algo]}}
+        assert {k: getattr(algo_cfg, k) for k in expected} == expected, model
+        if model == "tiny":
+            assert cfg.steps == steps[algo]
+
+
+def test_help_shows_each_default_and_where_it_comes_from(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "1000")  # one line per flag: argparse would break a source at its hyphens
+    with pytest.raises(SystemExit):
+        train.parse_args(["--model", plain_copy(tmp_path), "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "(default: 0.001; Qiu et al. 2025, countdown/es_fine-tuning_countdown.py: SIGMA)" in text
+    assert "(default: 500; minies/es.py: ES.default_steps)" in text
+    assert "run name (default: <algo>-<task>-seed<seed>) " in text and "(default: None)" not in text.split("--run-name")[2][:80]
+    with pytest.raises(SystemExit):
+        train.parse_args(["--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "(default: 0.008; recipe tiny)" in text and "(default: 140; recipe tiny)" in text
+    import eval as eval_script
+    with pytest.raises(SystemExit):
+        eval_script.parse_args(["--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "(default: 1 4 16 32)" in text and "(default: terse; recipe tiny)" in text
+
+
+def test_docs_list_the_papers_defaults():
+    from minies.recipes import defaults_table
+
+    configs = train.algorithms()
+    rows = defaults_table({"es": configs["es"][0], "grpo": configs["grpo"][0], "b3po, m3po, c3po": configs["c3po"][0]})
+    assert rows.count("\n") >= 20 and rows in (REPO / "docs" / "papers.md").read_text()

@@ -9,7 +9,7 @@ import pytest
 from bench import reproduce
 from conftest import single_thread
 from minies import UserError
-from minies.es import ESConfig
+from minies.recipes import RECIPES
 from minies.models import SHIPPED_MODELS
 
 RUNS = ("es-seed0", "es-sigma0.016-seed0", "grpo-seed0", "grpo-hot-seed0", "c3po-seed0", "grpo-es-seed0",
@@ -69,7 +69,7 @@ def test_diversity_runs_are_es_at_their_sigma_and_linked_to_pass_at_k(quick):
     configs = {name: json.loads((out / "runs" / name / "config.json").read_text()) for name in ("es-seed0",
                                                                                                 "es-sigma0.016-seed0")}
     assert configs["es-sigma0.016-seed0"]["es"]["sigma"] == 0.016
-    assert configs["es-seed0"]["es"]["sigma"] == ESConfig().sigma
+    assert configs["es-seed0"]["es"]["sigma"] == RECIPES["tiny"].settings("es")["sigma"]  # the shipped model's own
     configs["es-sigma0.016-seed0"]["es"].pop("sigma"), configs["es-seed0"]["es"].pop("sigma")
     assert configs["es-sigma0.016-seed0"]["es"] == configs["es-seed0"]["es"]
     link = results["diversity_link"]

@@ -258,9 +258,10 @@ def test_left_padding_with_absolute_position_embeddings(tokenizer):
 
 
 def test_sampling_ignores_the_models_generation_defaults(model_dir, model, tokenizer, task, tmp_path):
-    """Rollouts sample the plain distribution at `temperature`, whatever the checkpoint's generation_config.json
-    asks for (hub models often set top_k, top_p, temperature, repetition_penalty): completion_logprobs and
-    the entropy assume exactly that distribution."""
+    """Rollouts come from the plain distribution at `temperature` (or its argmax), whatever the checkpoint's
+    generation_config.json asks for: hub models set top_k, top_p, temperature and penalties, and any key
+    minies does not set itself (num_beams, min_new_tokens, bad_words_ids, ...) would reach generate.
+    completion_logprobs and the entropy assume exactly that distribution."""
     import json
     import shutil
 
@@ -269,10 +270,16 @@ def test_sampling_ignores_the_models_generation_defaults(model_dir, model, token
     shutil.copytree(model_dir, tmp_path, dirs_exist_ok=True)
     path = tmp_path / "generation_config.json"
     config = json.loads(path.read_text())
-    config.update(top_k=2, top_p=0.5, temperature=0.3, repetition_penalty=1.5, min_p=0.2)
+    config.update(top_k=2, top_p=0.5, temperature=0.3, repetition_penalty=1.5, min_p=0.2, num_beams=2,
+                  min_new_tokens=8, no_repeat_ngram_size=2, bad_words_ids=[[tokenizer.convert_tokens_to_ids("1")]])
     path.write_text(json.dumps(config))
     other = load_model(str(tmp_path), device="cpu")
+    declared = other.generation_config
     prompts = format_prompts(tokenizer, [p.question for p in task.test_problems()[:16]])
-    a = generate(model, tokenizer, prompts, max_new_tokens=10, temperature=1.0, seed=5)
-    b = generate(other, tokenizer, prompts, max_new_tokens=10, temperature=1.0, seed=5)
-    assert a.texts == b.texts
+    for greedy in (False, True):
+        a = generate(model, tokenizer, prompts, max_new_tokens=10, temperature=1.0, seed=5, greedy=greedy)
+        b = generate(other, tokenizer, prompts, max_new_tokens=10, temperature=1.0, seed=5, greedy=greedy)
+        assert a.texts == b.texts
+        assert torch.equal(a.completion_ids, b.completion_ids)
+    assert min(a.lengths) < 8  # min_new_tokens 8 would have forbidden these ends
+    assert other.generation_config is declared and other.generation_config.num_beams == 2  # restored after

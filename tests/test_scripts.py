@@ -75,7 +75,7 @@ def test_train_help(args, capsys):
     code, _ = run_in_process("train.py", *args)
     out = capsys.readouterr().out
     assert code == 0
-    assert "--population" in out and "--steps" in out and "(default: 32)" in " ".join(out.split())
+    assert "--population" in out and "--steps" in out and "(default: 32; recipe tiny)" in " ".join(out.split())
 
 
 def test_eval_help(capsys):

@@ -170,10 +170,10 @@ def test_countdown_references_are_correct_and_targets_reachable():
 
 
 def test_countdown_options():
-    task = Countdown(test_size=100, count=4, low=1, high=9)
+    task = Countdown(test_size=100, numbers=4, low=1, high=9)
     for p in task.test_problems():
         assert len(p.question.split()) == 4 + 4 and task.score(task.solution(p), p).correct
-    with pytest.raises(ValueError):
+    with pytest.raises(UserError):
         Countdown(low=0)
 
 

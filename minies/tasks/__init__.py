@@ -1,13 +1,14 @@
 """Tasks with verifiable rewards: prompts in several styles, ground truth, train and test splits, a verifier.
 
-One file per task (arithmetic, countdown, gsm8k); base.py holds what they share, expressions.py Countdown's
-arithmetic.
+One file per task (arithmetic, countdown, gsm8k); base.py holds what they share, difficulty.py the checks of
+the generated tasks' difficulty flags, expressions.py Countdown's arithmetic.
 """
 from minies import UserError
 from minies.tasks.arithmetic import Arithmetic
 from minies.tasks.base import (ANSWER_TAG, FORMAT_BONUS, PROMPT_STYLES, REWARDS, Problem, PromptStyle, Score,
                                SolvedProblem, Task, answer_tags, last_answer_tag, make_score)
 from minies.tasks.countdown import Countdown, CountdownProblem, qiu_rows
+from minies.tasks.difficulty import refuse_with_files
 from minies.tasks.expressions import parse_expression, python_value, random_expression, reaches, solutions, solvable
 from minies.tasks.gsm8k import GSM8K, GSM8K_NUMBER, last_boxed
 
@@ -23,13 +24,19 @@ __all__ = ["ALL_PROMPT_STYLES", "ANSWER_TAG", "DEFAULT_TASK", "FORMAT_BONUS", "G
 
 
 def get_task(name=DEFAULT_TASK, seed=0, data=None, prompt_style="terse", max_new_tokens=None, lenient_answers=False,
-             eval_data=None, train_problems=None, reward="auto"):
+             eval_data=None, train_problems=None, reward="auto", system=None, numbers=None, low=None, high=None):
     """The task called `name`. `data`: a local data file to train on (gsm8k needs one to train; countdown may
     read one); `eval_data`: a local data file to evaluate on; `train_problems`: a fixed training set of that
-    many problems; `prompt_style` and `reward`: see minies/tasks/base.py; `max_new_tokens`: None for the task's
-    default for that style; `lenient_answers`: gsm8k's fallback to the last number anywhere (evaluation only)."""
+    many problems; `prompt_style`, `system` and `reward`: see minies/tasks/base.py; `max_new_tokens`: None for the task's
+    default for that style; `lenient_answers`: gsm8k's fallback to the last number anywhere (evaluation only);
+    `numbers`, `low`, `high`: how many numbers a generated problem has and their range (None: the task's own;
+    arithmetic and countdown only)."""
     if name not in TASKS:
         raise UserError(f"--task {name}: unknown task; choose one of {', '.join(sorted(TASKS))}")
-    kwargs = {"lenient": lenient_answers} if name == "gsm8k" else {}
+    if name == "gsm8k":
+        refuse_with_files("--task gsm8k reads its problems from data files", numbers, low, high)
+        kwargs = {"lenient": lenient_answers}
+    else:
+        kwargs = {"numbers": numbers, "low": low, "high": high}
     return TASKS[name](seed=seed, data=data, prompt_style=prompt_style, max_new_tokens=max_new_tokens,
-                       eval_data=eval_data, train_problems=train_problems, reward=reward, **kwargs)
+                       eval_data=eval_data, train_problems=train_problems, reward=reward, system=system, **kwargs)

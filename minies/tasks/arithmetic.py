@@ -1,25 +1,45 @@
 """Arithmetic: the sum of a few random integers. The default task: the shipped tiny model learns it in
-minutes on a CPU and stays far from perfect, which leaves room for every method to show learning."""
+minutes on a CPU and stays far from perfect, which leaves room for every method to show learning.
+
+Difficulty (--numbers, --low, --high): how many integers are summed (default 2, at most MAX_NUMBERS) and the
+inclusive range each is drawn from (default 0..99, never below 0: a question writes the sum as 12+93). The
+largest possible sum must fit in an answer's ANSWER_DIGITS digits."""
 import re
 
+from minies import UserError
 from minies.tasks.base import Problem, Task, last_answer_tag, make_score
+from minies.tasks.difficulty import check_range
 
-ANSWER = re.compile(r"-?[0-9]{1,12}")  # ASCII digits only: int() would also read "１２" or "١٢"
+ANSWER_DIGITS = 12
+ANSWER = re.compile(rf"-?[0-9]{{1,{ANSWER_DIGITS}}}")  # ASCII digits only: int() would also read "１２" or "١٢"
+# Past 50 terms a question tests reading a long prompt more than adding (an instruct question of 50 numbers of
+# 12 digits is already ~800 characters).
+MAX_NUMBERS = 50
 
 
 class Arithmetic(Task):
-    """Sum of `terms` random integers in [0, max_value]. terse: "12+93" -> "<answer>105</answer>";
-    instruct: a one-line instruction that asks for the number inside the answer tag."""
+    """Sum of `numbers` random integers in [low, high] (None: 2 in 0..99). terse: "12+93" ->
+    "<answer>105</answer>"; instruct: a one-line instruction that asks for the number inside the answer tag."""
 
     name = "arithmetic"
     default_max_new_tokens = {"terse": 10, "instruct": 256}
 
-    def __init__(self, seed=0, test_size=500, terms=2, max_value=99, **kwargs):
-        self.terms, self.max_value = terms, max_value
+    def __init__(self, seed=0, test_size=500, numbers=None, low=None, high=None, **kwargs):
+        self.numbers = 2 if numbers is None else numbers
+        self.low = 0 if low is None else low
+        self.high = 99 if high is None else high
+        if not 1 <= self.numbers <= MAX_NUMBERS:
+            raise UserError(f"--numbers {self.numbers}: --task arithmetic sums 1 to {MAX_NUMBERS} numbers")
+        if self.low < 0:
+            raise UserError(f"--low {self.low}: --task arithmetic sums numbers >= 0 (a question reads 12+93)")
+        check_range(self.name, (self.numbers,), self.low, self.high, test_size)
+        if len(str(self.numbers * self.high)) > ANSWER_DIGITS:
+            raise UserError(f"--numbers {self.numbers} --high {self.high}: sums reach {self.numbers * self.high}, "
+                            f"past the {ANSWER_DIGITS} digits an answer may have; lower --high or --numbers")
         super().__init__(seed, test_size, **kwargs)
 
     def problem(self, rng):
-        xs = [rng.randint(0, self.max_value) for _ in range(self.terms)]
+        xs = [rng.randint(self.low, self.high) for _ in range(self.numbers)]
         if self.prompt_style == "terse":
             question = "+".join(map(str, xs))
         else:

@@ -24,6 +24,7 @@ with the seed and holds out `test_size` rows (at most half), which `notes` repor
 training set (`train_problems=N`) is the same N problems every step; otherwise training draws shuffled
 passes over the training rows, or fresh generated problems.
 """
+import dataclasses
 import json
 import random
 import re
@@ -50,7 +51,11 @@ class PromptStyle:
     reward: str = "minies"
 
 
-PROMPT_STYLES = {"terse": PromptStyle(), "instruct": PromptStyle()}
+# An instruction-tuned model's chat template adds its own identity prompt when a conversation has no system
+# message ("You are a helpful AI assistant named SmolLM, trained by Hugging Face", "You are Qwen, created by
+# Alibaba Cloud..."): instruct prompts carry this task-neutral one instead, the same for every model (--system).
+DEFAULT_SYSTEM = "You are a helpful assistant."
+PROMPT_STYLES = {"terse": PromptStyle(), "instruct": PromptStyle(system=DEFAULT_SYSTEM)}
 
 
 @dataclass(frozen=True)
@@ -115,11 +120,16 @@ class Task:
     default_max_new_tokens = {"terse": 32, "instruct": 512}
 
     def __init__(self, seed=0, test_size=500, prompt_style="terse", max_new_tokens=None, data=None, eval_data=None,
-                 train_problems=None, reward="auto"):
+                 train_problems=None, reward="auto", system=None):
         if prompt_style not in self.prompt_styles:
             raise UserError(f"--prompt-style {prompt_style}: --task {self.name} offers "
                             f"{', '.join(self.prompt_styles)}")
         self.prompt_style, self.style = prompt_style, self.prompt_styles[prompt_style]
+        if system is not None:
+            if not self.style.chat:
+                raise UserError(f"--system: --prompt-style {prompt_style} is raw text with no chat template, so it "
+                                "has no system message; drop --system")
+            self.style = dataclasses.replace(self.style, system=system)
         self.reward = self.style.reward if reward == "auto" else reward
         if self.reward not in self.rewards:
             raise UserError(f"--reward {self.reward}: --task {self.name} offers {', '.join(self.rewards)}")

@@ -19,6 +19,13 @@ Prompt styles (--prompt-style):
               tokenizer without a chat template).
 Generated problems of every style but terse have 3 or 4 numbers in 1..99 and a target in 1..100.
 
+Difficulty (--numbers, --low, --high): how many numbers a generated problem has (2 to 6; default: the style's)
+and the inclusive range they are drawn from (low >= 1; default: the style's). The target cap of 100 belongs to
+the papers' distribution, numbers in 1..99 (TinyZero's Countdown-Tasks-3to4, Qiu et al.'s file): it holds
+while the range is 1..99, whatever --numbers says, and is lifted for any other range, where the target is
+whatever positive integer the random expression over the numbers reaches, as terse problems always were (a
+cap of 100 over numbers in 100..999 would keep only the expressions that cancel the numbers out).
+
 Reward schemes (--reward; `auto` takes the prompt style's own: qiu -> qiu, tinyzero -> tinyzero, else minies).
 Each reads only the completion (docs/papers.md gives the formulas):
     minies    1·correct + 0.1·well_formed. The last <answer> holds EXPR: non-negative integer or decimal
@@ -42,6 +49,7 @@ from fractions import Fraction
 from minies.tasks.base import (PROMPT_STYLES, PromptStyle, Score, SolvedProblem, Task, answer_tags, last_answer_tag,
                                make_score)
 from minies import UserError
+from minies.tasks.difficulty import check_range, refuse_with_files
 from minies.tasks.expressions import (TARGET, TOLERANCE, cached_solutions, parse_expression, python_value,
                                       random_expression, reaches, solvable)
 
@@ -76,7 +84,7 @@ class CountdownProblem(SolvedProblem):
 
 
 class Countdown(Task):
-    """See the module docstring. `count`, `low` and `high` override the style's generated numbers."""
+    """See the module docstring. `numbers`, `low` and `high` override the style's generated numbers."""
 
     name = "countdown"
     reads_data = True
@@ -87,14 +95,29 @@ class Countdown(Task):
     default_max_new_tokens = {"terse": 32, "instruct": 1024, "qiu": 1024, "tinyzero": 1024}
     MAX_CHARS = 200  # also bounds every literal and intermediate value to a few hundred digits
     MAX_DEPTH = 10  # a real solution over a few numbers nests far less
+    # 2 to 6 numbers, as in a data file's rows (parse_row). One number is no puzzle. Evaluation counts the
+    # distinct solutions of every solved problem by brute force (expressions.solutions: every expression over
+    # every subset of the numbers), about 30 times the work per added number: on one core 0.02 s for 4
+    # numbers, 0.3 s for 5, 9 s for 6, and minutes for 7.
+    MIN_NUMBERS, MAX_NUMBERS = 2, 6
 
-    def __init__(self, seed=0, test_size=500, count=None, low=None, high=None, prompt_style="terse", **kwargs):
-        counts, default_low, default_high, self.max_target = GENERATED["terse" if prompt_style == "terse" else "instruct"]
-        self.counts = counts if count is None else (count,)
+    def __init__(self, seed=0, test_size=500, numbers=None, low=None, high=None, prompt_style="terse", **kwargs):
+        for flag in ("data", "eval_data"):
+            if kwargs.get(flag) is not None:
+                refuse_with_files(f"the problems come from --{flag.replace('_', '-')} {kwargs[flag]}", numbers, low,
+                                  high)
+        counts, default_low, default_high, max_target = GENERATED["terse" if prompt_style == "terse" else "instruct"]
+        self.counts = counts if numbers is None else (numbers,)
         self.low = default_low if low is None else low
         self.high = default_high if high is None else high
-        if not 1 <= self.low <= self.high:
-            raise ValueError("Countdown needs 1 <= low <= high (positive numbers always sum to a target)")
+        self.max_target = max_target if (self.low, self.high) == (default_low, default_high) else None  # docstring
+        if numbers is not None and not self.MIN_NUMBERS <= numbers <= self.MAX_NUMBERS:
+            raise UserError(f"--numbers {numbers}: --task countdown takes {self.MIN_NUMBERS} to {self.MAX_NUMBERS} "
+                            "numbers (counting the solutions of more takes minutes per problem)")
+        if self.low < 1:
+            raise UserError(f"--low {self.low}: --task countdown draws numbers >= 1 (positive numbers always reach a "
+                            "target: their sum)")
+        check_range(self.name, self.counts, self.low, self.high, test_size)
         super().__init__(seed, test_size, prompt_style=prompt_style, **kwargs)
 
     def make_problem(self, numbers, target, reference=None, context=None):

@@ -1,0 +1,26 @@
+"""The difficulty of generated problems: --numbers (how many numbers a problem has), --low and --high (the
+inclusive range each number is drawn from). Arithmetic and Countdown set their own defaults and limits; these
+are the checks they share, each ending in one UserError line that names the flags."""
+from minies import UserError
+
+
+def refuse_with_files(source, numbers=None, low=None, high=None):
+    """Refuse any difficulty flag given where the problems are read, not generated; `source` says from where."""
+    given = " ".join(f"--{flag} {value}" for flag, value in (("numbers", numbers), ("low", low), ("high", high))
+                     if value is not None)
+    if given:
+        raise UserError(f"{given}: the difficulty flags apply to generated problems only, and {source}; drop {given}")
+
+
+def check_range(task, counts, low, high, test_size):
+    """Refuse low > high, and a range too narrow for the splits. Training draws generated problems until one
+    is not held out, so it would loop forever once the test split held every problem there is: ask for at
+    least twice as many different draws of numbers (`counts`: the numbers per problem it may choose) as the
+    test split holds, so that training throws away about half of its draws at worst."""
+    if low > high:
+        raise UserError(f"--low {low} --high {high}: --task {task} needs --low <= --high")
+    draws = sum((high - low + 1) ** count for count in counts)
+    if draws < 2 * test_size:
+        raise UserError(f"--numbers, --low, --high: numbers in {low}..{high}, {' or '.join(map(str, counts))} per "
+                        f"problem, can be drawn only {draws} ways, and --task {task} holds out {test_size} problems "
+                        f"to evaluate on; widen the range or raise --numbers to reach {2 * test_size} ways")
