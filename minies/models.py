@@ -10,7 +10,7 @@ import torch
 import transformers
 
 from minies import UserError, allocator
-from minies.gguf import convert_gguf, is_gguf
+from minies.gguf import convert_gguf, is_gguf, packaged_file
 
 SHIPPED_MODEL = os.path.join(os.path.dirname(__file__), "assets", "tiny")
 # The shipped model trained on each task (docs/tiny-model.md); any other task uses SHIPPED_MODEL.
@@ -72,7 +72,9 @@ def default_device():
 
 def model_path(name):
     """What transformers reads for model `name`: a GGUF file's converted directory (converted on first use,
-    minies/gguf.py), else `name` with ~ expanded (a local directory or a hub id)."""
+    minies/gguf.py; a packaged model's name stands for its file), else `name` with ~ expanded (a local directory
+    or a hub id)."""
+    name = packaged_file(name)
     _check_source(name)
     return convert_gguf(name) if is_gguf(name) else os.path.expanduser(name)
 

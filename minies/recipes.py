@@ -154,9 +154,10 @@ def own_recipe(model):
     import os
 
     from minies import UserError
-    from minies.gguf import cached_gguf, is_gguf
+    from minies.gguf import cached_gguf, is_gguf, packaged_file
     from minies.models import load_config
 
+    model = packaged_file(model)  # a packaged model's name stands for its GGUF file
     path = cached_gguf(model) if is_gguf(model) else os.path.expanduser(model)
     if path is None or not os.path.isdir(path):
         return None

