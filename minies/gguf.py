@@ -122,7 +122,7 @@ def _locked(directory):
 def _convert(path, target):
     partial = f"{target}.partial"
     shutil.rmtree(partial, ignore_errors=True)  # left by a killed conversion (this process holds the lock)
-    print(f"converting {path} to a model directory in {target} (once; about a minute)", file=sys.stderr, flush=True)
+    print(f"converting {path} to a model directory in {target} (once)", file=sys.stderr, flush=True)
     start = time.time()
     model, tokenizer = _read(path)
     try:

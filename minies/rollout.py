@@ -131,10 +131,10 @@ def generate(model, tokenizer, prompts, max_new_tokens=16, temperature=1.0, top_
         **({} if greedy else {"temperature": temperature, "top_p": top_p, "top_k": 0, "min_p": 0.0, "typical_p": 1.0}))
     parts = []
     devices = [device] if device.type == "cuda" else []
-    bar = tokens_bar(len(prompts["input_ids"] if isinstance(prompts, dict) else prompts), max_new_tokens)
+    encoded = prompts if isinstance(prompts, dict) else encode(tokenizer, prompts)
+    bar = tokens_bar(len(encoded["input_ids"]), max_new_tokens)
     with torch.random.fork_rng(devices=devices), generate_from_nothing(model), bar:
         torch.manual_seed(seed)
-        encoded = prompts if isinstance(prompts, dict) else encode(tokenizer, prompts)
         for start in range(0, len(encoded["input_ids"]), micro_batch):
             if device.type == "cpu":
                 follow_load()  # as many threads as the cores other programs leave free (minies/threads.py)
