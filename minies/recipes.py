@@ -37,6 +37,8 @@ TUNED = "tuned on the shipped model (docs/tuning.md)"
 # The shipped Qiu-format model's data file, in Qiu et al.'s format (qiu_rows(2200, seed=0), scripts/make_tiny.py).
 QIU_DATA = os.path.join(os.path.dirname(__file__), "assets", "tiny-qiu", "countdown.json")
 
+SMOLLM2 = "calibrated on SmolLM2-135M-Instruct (docs/real-models.md)"
+
 # What the shipped models were tuned with (docs/tuning.md), where it differs from the papers' values that the
 # flags default to: the three shipped recipes start from it.
 SHIPPED_TUNED = {
@@ -143,20 +145,44 @@ RECIPES = {
                         "eval_every": (4, f"{MINIES}: a step scores 6,400 completions; an evaluation every ~3 "
                                           "minutes")},
                  "c3po": {"steps": (200, f"{MINIES}: to finish within ~12 minutes on 2 cores")}})),
+    "smollm2": Recipe(
+        "SmolLM2-135M-Instruct's own (--model smollm2-135m): sums of two numbers in 0..99 as equations it "
+        "completes, the papers' hyper-parameters where a CPU hour allows them",
+        ALGOS,
+        {"task": ("arithmetic", SMOLLM2),
+         "prompt_style": ("equation", f"{SMOLLM2}: 0% of its instruct answers are in the answer tag; as equations "
+                                      "it starts at pass@1 13%, pass@8 38%"),
+         "eval_problems": (200, f"{MINIES}: 200 held-out problems, ~25 s per evaluation on 2 cores"),
+         "final_samples": (8, f"{MINIES}: pass@1 and pass@8 before and after, as calibrated"),
+         "eval_every": (10, f"{MINIES}: a curve of 10 points")},
+        {"es": {"prompts_per_step": (16, f"{MINIES}: 30 members × 16 prompts, 27 s a step on 2 cores (lowrank)"),
+                "steps": (100, f"{MINIES}: to finish within the hour on 2 cores")},
+         "grpo": {"prompts": (8, f"{MINIES}: 8 prompts × G=8, 6 s a step on 2 cores"),
+                  "group_size": (8, "3PO paper: G = 8 to 16"),
+                  "lr": (1e-5, f"{SMOLLM2}: each weight moves ~1e-5 a step"),
+                  "steps": (100, f"{MINIES}: within ~20 minutes on 2 cores")},
+         **{algo: {"prompts": (8, f"{MINIES}: 8 prompts × G=8, 12 s a step on 2 cores"),
+                   "group_size": (8, "3PO paper: G = 8 to 16"),
+                   "clip_radius": (1e-2, f"{SMOLLM2}: each weight moves at most lr·h0·1e-2 = 1e-5 a step, as "
+                                         "GRPO's"),
+                   "steps": (100, f"{MINIES}: within ~30 minutes on 2 cores")}
+            for algo in ("b3po", "m3po", "c3po")}}),
 }
 
 
 def own_recipe(model):
     """The name of the recipe a local model directory names for itself (`minies_recipe` in its config.json),
-    or None. Hub ids get none here: parsing flags (and --help) never waits on the network, and a model whose
-    config cannot be read gets none either, for loading it later to say why. A GGUF file is read through its
+    or a packaged model's (minies/gguf.py, by its name or its file's path), or None. Hub ids get none here:
+    parsing flags (and --help) never waits on the network, and a model whose config cannot be read gets none either, for loading it later to say why. A GGUF file is read through its
     converted directory only when that exists already: parsing flags never converts one."""
     import os
 
     from minies import UserError
-    from minies.gguf import cached_gguf, is_gguf, packaged_file
+    from minies.gguf import cached_gguf, is_gguf, packaged_file, packaged_recipe
     from minies.models import load_config
 
+    if packaged_recipe(model) is not None:
+        return packaged_recipe(model)
     model = packaged_file(model)  # a packaged model's name stands for its GGUF file
     path = cached_gguf(model) if is_gguf(model) else os.path.expanduser(model)
     if path is None or not os.path.isdir(path):

@@ -56,13 +56,15 @@ def format_prompts(tokenizer, questions, chat_template=True, system=None, prefil
     chat template (after the `system` message, if given) with the generation prompt, when the tokenizer has a
     template and `chat_template` is on; else the question itself after the tokenizer's own start tokens
     (start_text). `prefill` is appended either way: the start of the answer, written for the model, which
-    continues it (TinyZero's "Let me solve this step by step.\n<think>")."""
+    continues it (TinyZero's "Let me solve this step by step.\n<think>"); one string for every question, or a
+    list with one per question."""
+    prefills = [prefill] * len(questions) if isinstance(prefill, str) else prefill
     if chat_template and tokenizer.chat_template:
         head = [{"role": "system", "content": system}] if system is not None else []
         return [tokenizer.apply_chat_template(head + [{"role": "user", "content": q}], tokenize=False,
-                                              add_generation_prompt=True) + prefill for q in questions]
+                                              add_generation_prompt=True) + f for q, f in zip(questions, prefills)]
     start = start_text(tokenizer)
-    return [start + q + prefill for q in questions]
+    return [start + q + f for q, f in zip(questions, prefills)]
 
 
 def start_text(tokenizer):

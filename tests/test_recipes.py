@@ -95,7 +95,7 @@ def plain_model_dir(tmp_path_factory, model_dir):
     return str(out)
 
 
-def test_the_shipped_models_name_their_recipes(model_dir, plain_model_dir):
+def test_the_shipped_models_name_their_recipes(model_dir, plain_model_dir, capsys):
     assert load_config(model_dir).minies_recipe == "tiny"
     tiny = RECIPES["tiny"].settings("es")
     cfg, es = parse("--model", model_dir)
@@ -105,6 +105,11 @@ def test_the_shipped_models_name_their_recipes(model_dir, plain_model_dir):
     cfg, es = parse("--model", plain_model_dir)
     assert (cfg.prompt_style, es.mode, es.params) == ("auto", "auto", ".*")
     assert parse("--model", model_dir, "--mode", "auto")[1].mode == "auto"
+    # ES's --mode is not an abbreviation of --model: the model keeps its recipe, and no flag is abbreviated.
+    assert parse("--model", model_dir, "--mode", "lowrank")[0].prompt_style == "terse"
+    capsys.readouterr()
+    assert run_in_process("train.py", "--model", model_dir, "--mod", "lowrank")[0] == 2
+    assert capsys.readouterr().err == "error: unrecognized arguments: --mod lowrank; see --help\n"
     assert prompt_style_for("auto", load_config(plain_model_dir)) == "instruct"
     assert prompt_style_for("auto", load_config(model_dir)) == "terse"
     assert prompt_style_for("terse", load_config(plain_model_dir)) == "terse"

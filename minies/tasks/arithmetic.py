@@ -3,15 +3,22 @@ minutes on a CPU and stays far from perfect, which leaves room for every method 
 
 Difficulty (--numbers, --low, --high): how many integers are summed (default 2, at most MAX_NUMBERS) and the
 inclusive range each is drawn from (default 0..99, never below 0: a question writes the sum as 12+93). The
-largest possible sum must fit in an answer's ANSWER_DIGITS digits."""
+largest possible sum must fit in an answer's ANSWER_DIGITS digits.
+
+Prompt styles: terse and instruct (minies/tasks/base.py) ask for the sum inside the answer tag. `equation` is
+for small instruction-tuned models, which write "14 + 25 = 39" but not the tag (SmolLM2-135M-Instruct: 0%
+well-formed answers on instruct prompts, docs/real-models.md): the chat asks "What is 14 + 25?" and the answer
+is started for the model as "14 + 25 =", so the number it writes next is its answer. Whatever follows the
+number is not read."""
 import re
 
 from minies import UserError
-from minies.tasks.base import Problem, Task, last_answer_tag, make_score
+from minies.tasks.base import DEFAULT_SYSTEM, PROMPT_STYLES, Problem, PromptStyle, Task, last_answer_tag, make_score
 from minies.tasks.difficulty import check_range
 
 ANSWER_DIGITS = 12
 ANSWER = re.compile(rf"-?[0-9]{{1,{ANSWER_DIGITS}}}")  # ASCII digits only: int() would also read "１２" or "١٢"
+LEADING_ANSWER = re.compile(rf"\s*(-?[0-9]{{1,{ANSWER_DIGITS}}})(?![0-9])")  # equation style: the number written first
 # Past 50 terms a question tests reading a long prompt more than adding (an instruct question of 50 numbers of
 # 12 digits is already ~800 characters).
 MAX_NUMBERS = 50
@@ -19,10 +26,14 @@ MAX_NUMBERS = 50
 
 class Arithmetic(Task):
     """Sum of `numbers` random integers in [low, high] (None: 2 in 0..99). terse: "12+93" ->
-    "<answer>105</answer>"; instruct: a one-line instruction that asks for the number inside the answer tag."""
+    "<answer>105</answer>"; instruct: a one-line instruction that asks for the number inside the answer tag;
+    equation: "What is 12 + 93?", answered after "12 + 93 =" -> " 105"."""
 
     name = "arithmetic"
-    default_max_new_tokens = {"terse": 10, "instruct": 256}
+    prompt_styles = {**PROMPT_STYLES, "equation": PromptStyle(system=DEFAULT_SYSTEM, user="What is {}?",
+                                                              plain="What is {}?\n", prefill="{} =")}
+    # equation: room for the number and a little after it, which is not read.
+    default_max_new_tokens = {"terse": 10, "instruct": 256, "equation": 8}
 
     def __init__(self, seed=0, test_size=500, numbers=None, low=None, high=None, **kwargs):
         self.numbers = 2 if numbers is None else numbers
@@ -42,13 +53,22 @@ class Arithmetic(Task):
         xs = [rng.randint(self.low, self.high) for _ in range(self.numbers)]
         if self.prompt_style == "terse":
             question = "+".join(map(str, xs))
+        elif self.prompt_style == "equation":
+            question = " + ".join(map(str, xs))
         else:
             question = (f"What is {' + '.join(map(str, xs))}? Give only the final number inside <answer> </answer> "
                         "tags, for example <answer>17</answer>.")
         return Problem(question, str(sum(xs)))
 
     def score(self, completion, problem):
-        text = last_answer_tag(completion)
+        if self.prompt_style == "equation":
+            found = LEADING_ANSWER.match(completion)
+            text = found.group(1) if found else None
+        else:
+            text = last_answer_tag(completion)
         if text is None or not ANSWER.fullmatch(text):
             return make_score(False, True)
         return make_score(int(text) == int(problem.answer), False, answer=text)
+
+    def solution(self, problem):
+        return f" {problem.answer}" if self.prompt_style == "equation" else super().solution(problem)

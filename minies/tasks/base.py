@@ -42,7 +42,8 @@ class PromptStyle:
     """How a question becomes the model's prompt (rollout.format_prompts): with `chat`, the user message of
     the tokenizer's chat template (when it has one and --chat-template is on), after the `system` message
     if one is given, written through the `user` format; else through `plain`. `prefill`, the start of the
-    answer written for the model, follows either way. `reward`: the scheme that goes with it (--reward auto)."""
+    answer written for the model, follows either way ("{}" in it stands for the question). `reward`: the
+    scheme that goes with it (--reward auto)."""
     chat: bool = True
     system: str = None
     user: str = "{}"
@@ -215,7 +216,8 @@ class Task:
         style = self.style
         chat = style.chat and chat_template and bool(tokenizer.chat_template)
         questions = [(style.user if chat else style.plain).format(p.question) for p in problems]
-        return format_prompts(tokenizer, questions, chat, style.system if chat else None, style.prefill)
+        prefills = [style.prefill.replace("{}", p.question) for p in problems]
+        return format_prompts(tokenizer, questions, chat, style.system if chat else None, prefills)
 
     def problem(self, rng):
         raise NotImplementedError
