@@ -2,7 +2,10 @@
 accuracy, malformed rate, the reward scheme's mean format credit ("format_reward"), truncated rate (completions cut off at max_new_tokens, which a reasoning model
 needs to watch: a cut-off trace has no answer), mean full-vocabulary token entropy, mean completion
 length, and for tasks with several correct solutions per problem (Countdown) how many distinct ones the n
-samples found per solved problem ("distinct_correct") and which share of all of them ("solution_coverage")."""
+samples found per solved problem ("distinct_correct") and which share of all of them ("solution_coverage").
+"ci95_pass@1" is the half-width of pass@1's 95% interval over problems: 1.96 standard errors of the mean of
+the problems' own pass@1 (a run that moves pass@1 by less than the two intervals' overlap may not have moved
+it at all)."""
 import numpy as np
 import torch
 from tqdm import tqdm
@@ -44,6 +47,8 @@ def evaluate(model, tokenizer, task, problems, n=16, ks=(1, 16), temperature=1.0
         for k in ks:
             if k <= n:
                 result[f"pass@{k}"] = mean_pass_at_k(correct, n, k)
+        if 1 in ks:
+            result["ci95_pass@1"] = pass_at_1_interval(correct, n)
         result["malformed_rate"] = float(np.mean(malformed))
         result["format_reward"] = float(np.mean(format_credit))
         result["truncated_rate"] = float(np.mean(truncated))
@@ -53,6 +58,14 @@ def evaluate(model, tokenizer, task, problems, n=16, ks=(1, 16), temperature=1.0
     if greedy:
         result["greedy_accuracy"] = greedy_accuracy(model, tokenizer, task, problems, micro_batch, chat_template)
     return result
+
+
+def pass_at_1_interval(correct_counts, n):
+    """1.96 × the standard error of the mean over problems of c_i / n (0 for a single problem)."""
+    per_problem = np.asarray(correct_counts, dtype=float) / n
+    if len(per_problem) < 2:
+        return 0.0
+    return float(1.96 * per_problem.std(ddof=1) / np.sqrt(len(per_problem)))
 
 
 def solution_metrics(task, problems, found):

@@ -159,12 +159,12 @@ RECIPES = {
                 "steps": (100, f"{MINIES}: to finish within the hour on 2 cores")},
          "grpo": {"prompts": (8, f"{MINIES}: 8 prompts × G=8, 6 s a step on 2 cores"),
                   "group_size": (8, "3PO paper: G = 8 to 16"),
-                  "lr": (1e-5, f"{SMOLLM2}: each weight moves ~1e-5 a step"),
+                  "lr": (1e-5, f"{MINIES}: Adam moves each weight ~1e-5 a step; 1e-6 would leave it near the start in 100 steps"),
                   "steps": (100, f"{MINIES}: within ~20 minutes on 2 cores")},
          **{algo: {"prompts": (8, f"{MINIES}: 8 prompts × G=8, 12 s a step on 2 cores"),
                    "group_size": (8, "3PO paper: G = 8 to 16"),
-                   "clip_radius": (1e-2, f"{SMOLLM2}: each weight moves at most lr·h0·1e-2 = 1e-5 a step, as "
-                                         "GRPO's"),
+                   "clip_radius": (1e-2, f"{MINIES}: each weight moves at most lr·h0·1e-2 = 1e-5 a step, "
+                                        "as GRPO's"),
                    "steps": (100, f"{MINIES}: within ~30 minutes on 2 cores")}
             for algo in ("b3po", "m3po", "c3po")}}),
 }

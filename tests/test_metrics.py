@@ -1,6 +1,7 @@
 """pass@k (unbiased estimator) against hand-computed values, and masked means."""
 from math import comb
 
+import numpy as np
 import pytest
 import torch
 
@@ -56,3 +57,12 @@ def test_masked_mean():
     mask = torch.tensor([[1, 1, 0], [1, 0, 0]])
     assert masked_mean(values, mask) == pytest.approx(2.0)
     assert masked_mean(values, torch.zeros_like(mask)) == 0.0
+
+
+def test_pass_at_1_interval_over_problems():
+    from minies.evaluate import pass_at_1_interval
+
+    # Per-problem pass@1 of 0, 0.5, 1, 0.5: std 0.408 (ddof 1), so 1.96 · 0.408 / 2.
+    assert pass_at_1_interval([0, 2, 4, 2], 4) == pytest.approx(1.96 * np.sqrt(1 / 6) / 2)
+    assert pass_at_1_interval([3, 3, 3], 4) == 0.0  # every problem alike: no spread
+    assert pass_at_1_interval([1], 4) == 0.0

@@ -60,6 +60,11 @@ def test_the_papers_recipes_are_complete_and_cite_their_sources(name):
     assert table(name) in (REPO / "docs" / "papers.md").read_text()
 
 
+@pytest.mark.parametrize("name", list(RECIPES))
+def test_docs_print_every_recipe(name):
+    assert table(name) in (REPO / "docs" / "papers.md").read_text()
+
+
 def test_every_recipe_names_only_existing_flags():
     for name, recipe in RECIPES.items():
         for algo in recipe.algos:
