@@ -131,6 +131,7 @@ def main(argv=None):
     if cfg.run_name is not None and (os.path.isabs(cfg.run_name) or any(p in ("", ".", "..") for p in parts)):
         raise UserError(f"--run-name {cfg.run_name}: the run's directory is --out/NAME, so NAME must stay inside "
                         "--out (no '..', '.', leading '/')")
+    model_config = load_config(cfg.model)  # a missing model is named before anything about its run
     run_dir = os.path.join(cfg.out, cfg.run_name or f"{cfg.algo}-{cfg.task}-seed{cfg.seed}")
     check_writable(run_dir, "--out")
     resume_from, state = None, None
@@ -150,7 +151,6 @@ def main(argv=None):
 
     torch.manual_seed(cfg.seed)
     # The prompt style, reward and generation length are resolved here and recorded in config.json.
-    model_config = load_config(cfg.model)
     cfg.prompt_style = prompt_style_for(cfg.prompt_style, model_config)
     task = get_task(cfg.task, seed=cfg.seed, data=cfg.data, prompt_style=cfg.prompt_style,
                     max_new_tokens=cfg.max_new_tokens, eval_data=cfg.eval_data, train_problems=cfg.train_problems,
@@ -189,7 +189,7 @@ def main(argv=None):
         for warning in checkpoint.truncate_log(os.path.join(run_dir, "log.jsonl"), start_step):
             print(f"warning: {warning}", file=sys.stderr)
     log = open(os.path.join(run_dir, "log.jsonl"), "a" if resume_from else "w") if main_rank else None
-    wall = time.time()
+    wall, tied_steps = time.time(), 0
     bar = tqdm(range(start_step, cfg.steps), initial=start_step, total=cfg.steps, disable=not main_rank,
                desc=cfg.algo, dynamic_ncols=True)
     for step in bar:
@@ -202,6 +202,7 @@ def main(argv=None):
         except Diverged as e:
             raise Diverged(e.what, step + 1, e.why) from None
         tokens += stats.pop("tokens", 0)
+        tied_steps += bool(stats.get("all_tied"))
         row = {"step": step + 1, **stats, "tokens": tokens, "seconds": round(time.time() - wall, 2)}
         if cfg.eval_every and (step + 1) % cfg.eval_every == 0 and step + 1 < cfg.steps:
             metrics = heldout(model, tok, task, cfg, cfg.eval_samples)
@@ -227,6 +228,9 @@ def main(argv=None):
             json.dump({"before": before, "after": after, "tokens": tokens}, f, indent=1)
         print("before: " + _fmt(before))
         print("after:  " + _fmt(after))
+        if tied_steps and tied_steps == cfg.steps - start_step:
+            print(f"note: every member tied at every one of the {tied_steps} steps run: ES had no difference to "
+                  "follow and the weights did not move (a smaller --sigma, more --prompts-per-step?)", file=sys.stderr)
         print(f"run directory: {run_dir}")
     distributed.close()
 

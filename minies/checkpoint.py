@@ -182,8 +182,10 @@ def check_model_files(path):
 def truncate_log(path, step):
     """Keep only the log lines up to `step` (a resumed run repeats the steps after its checkpoint). A line that
     is not a JSON log row (a crash in mid-write leaves half of one) is dropped; returns a warning per line."""
+    if os.path.isdir(path):
+        raise UserError(f"{path} is a directory, not the run's log; move it away and resume again")
     if not os.path.exists(path):
-        return []
+        return [f"{path} is missing: the log of steps 1..{step} is gone, and it restarts at step {step + 1}"]
     kept, dropped = [], []
     with open(path, "rb") as f:
         for number, raw in enumerate(f, 1):

@@ -80,7 +80,8 @@ def model_path(name):
 
 
 def _check_source(name):
-    looks_local = os.path.isabs(name) or name.startswith((".", "~")) or os.path.exists(name)
+    # A hub id is "name" or "owner/name": a second "/" makes it a path.
+    looks_local = os.path.isabs(name) or name.startswith((".", "~")) or name.count("/") > 1 or os.path.exists(name)
     if looks_local and not is_gguf(name) and not os.path.isdir(os.path.expanduser(name)):
         raise UserError(f"--model {name}: no such directory; give a local model directory, a .gguf file or a hub id")
 

@@ -47,6 +47,9 @@ BAD = {
     # Were one-line errors already.
     "eval: missing model": ("eval.py", ["--model", "{tmp}/no-such-model", "--n", 1, "--k", 1], "no such directory"),
     "train: missing model": ("train.py", ["--model", "{tmp}/no-such-model"], "no such directory"),
+    "train: missing relative model path": ("train.py", ["--model", "does/not/exist"], "--model does/not/exist: no such directory"),
+    "train: missing model beside a run": ("train.py", ["--model", "{tmp}/no-such-model", "--steps", 2, "--out", "{trained}"],
+                                          "no-such-model: no such directory"),
     "eval: bad dtype": ("eval.py", ["--dtype", "float8", "--n", 1, "--k", 1], "--dtype"),
     "train: bad dtype": ("train.py", ["--dtype", "float8"], "--dtype"),
     "train: unknown algorithm": ("train.py", ["--algo", "nope"], "--algo"),
@@ -407,6 +410,28 @@ def test_resume_drops_what_a_crash_left_of_a_log_line(tail, tmp_path, model_dir,
     assert code == 0, err[-3000:]
     assert any(line.startswith("warning:") and "line 3 is not a log row" in line for line in err.splitlines())
     assert _steps(run) == [1, 2, 3]
+
+
+def test_resume_says_when_the_log_is_gone_and_refuses_a_directory(tmp_path, model_dir, trained, capsys):
+    run = _copy(trained, tmp_path)
+    (run / "log.jsonl").unlink()
+    code, _ = _resume(run, model_dir, "--resume")
+    err = capsys.readouterr().err
+    assert code == 0, err[-3000:]
+    assert any(line.startswith("warning:") and "log of steps 1..2 is gone" in line for line in err.splitlines())
+    assert _steps(run) == [3]
+    (run / "log.jsonl").unlink()
+    (run / "log.jsonl").mkdir()
+    code, _ = _resume(run, model_dir, "--resume")
+    line = assert_one_line_error("log.jsonl a directory", code, capsys.readouterr().err)
+    assert line == f"error: {run / 'log.jsonl'} is a directory, not the run's log; move it away and resume again"
+
+
+def test_a_run_where_every_member_tied_says_so(tmp_path, model_dir, capsys):
+    code, _ = run_in_process("train.py", "--model", model_dir, "--out", tmp_path, "--steps", 2, "--sigma", 1e6, *TINY)
+    err = capsys.readouterr().err
+    assert code == 0, err[-3000:]
+    assert "note: every member tied at every one of the 2 steps run" in err
 
 
 def _limited(limit, *args):
