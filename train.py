@@ -230,7 +230,7 @@ def main(argv=None):
         print("after:  " + _fmt(after))
         if tied_steps and tied_steps == cfg.steps - start_step:
             print(f"note: every member tied at every one of the {tied_steps} steps run: ES had no difference to "
-                  "follow and the weights did not move (a smaller --sigma, more --prompts-per-step?)", file=sys.stderr)
+                  "follow and the weights did not move (another --sigma, more --prompts-per-step?)", file=sys.stderr)
         print(f"run directory: {run_dir}")
     distributed.close()
 
