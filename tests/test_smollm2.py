@@ -5,6 +5,7 @@ es, grpo, c3po, LoRA grpo and 8-bit es, and an ES run resumed after 2 steps ends
 ends. Skipped without the package (CI installs it); its conversion goes once into the session's cache."""
 import importlib.util
 import json
+import shutil
 
 import pytest
 import torch
@@ -37,6 +38,14 @@ def cache(tmp_path_factory):
     yield os.environ["MINIES_CACHE"]
     if saved is None:
         del os.environ["MINIES_CACHE"]
+
+
+@pytest.fixture(autouse=True)
+def remove_runs(tmp_path):
+    """A run of this model saves ~1 GB a checkpoint: each test's runs go when it ends, not with pytest's old
+    temporary directories three sessions later."""
+    yield
+    shutil.rmtree(tmp_path, ignore_errors=True)
 
 
 def train_run(out, algo, *args):
