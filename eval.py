@@ -17,11 +17,12 @@ import os
 import sys
 from dataclasses import dataclass
 
-from minies import ArgumentParser, UserError, check_writable, decoding, run_script
+from minies import ArgumentParser, UserError, check_writable, run_script
+from minies.runtime import set_up_process
 from minies.config import ModelOptions, TaskOptions, add_arguments, checked, from_args, option
 from minies.evaluate import evaluate
-from minies.models import default_model, load_config, load_model, load_tokenizer, position_notes, prompt_style_for
-from minies.recipes import own_recipe, recipe_defaults, recipe_origins
+from minies.models import default_device, default_model, load_config, load_model, load_tokenizer, position_notes
+from minies.recipes import own_recipe, recipe_defaults, recipe_origins, prompt_style_for
 from minies.rollout import encode
 from minies.tasks import get_task
 
@@ -62,6 +63,7 @@ def parse_args(argv):
 
 def main(argv=None):
     cfg = parse_args(argv)
+    set_up_process(default_device())  # every process-wide setting (threads, allocator, logging): minies/runtime
     too_big = [k for k in cfg.k if k > cfg.n]
     if too_big:
         raise UserError(f"--k {' '.join(map(str, too_big))}: pass@k needs n >= k samples; raise --n to {max(too_big)}")
@@ -87,11 +89,9 @@ def main(argv=None):
         print(f"({len(encode(tok, [prompt])['input_ids'][0])} tokens: {style} prompt style, {cfg.task})", file=sys.stderr)
         return
     model = load_model(cfg.model, cfg.dtype, cfg.load_in_8bit)
-    if not cfg.compile_decoding:
-        decoding.keep_eager(model)
     metrics = evaluate(model, tok, task, task.test_problems()[:cfg.problems], n=cfg.n, ks=cfg.k,
                        temperature=cfg.temperature, seed=cfg.seed, micro_batch=cfg.micro_batch,
-                       chat_template=cfg.chat_template, progress=True)
+                       chat_template=cfg.chat_template, compile_decoding=cfg.compile_decoding, progress=True)
     print(f"{cfg.model} on {cfg.task} ({metrics['problems']} held-out problems, n={cfg.n}, T={cfg.temperature}, "
           f"{style} prompts, {task.reward} reward, up to {task.max_new_tokens} new tokens)")
     for key, value in metrics.items():

@@ -22,12 +22,13 @@ from dataclasses import asdict, dataclass
 import torch
 from tqdm import tqdm
 
-from minies import ArgumentParser, UserError, check_writable, checkpoint, decoding, distributed, run_script
+from minies import ArgumentParser, UserError, check_writable, run_script
+from minies.runtime import checkpoint, distributed, set_up_process
 from minies.config import ModelOptions, TaskOptions, add_arguments, from_args, option
-from minies.guard import Diverged, check_weights, largest_weight
+from minies.runtime.guard import Diverged, check_weights, largest_weight
 from minies.evaluate import evaluate
-from minies.models import default_model, load_config, load_model, load_tokenizer, position_notes, prompt_style_for
-from minies.recipes import RECIPES, own_recipe, recipe_defaults, recipe_origins
+from minies.models import default_device, default_model, load_config, load_model, load_tokenizer, position_notes
+from minies.recipes import prompt_style_for, RECIPES, own_recipe, recipe_defaults, recipe_origins
 from minies.recipes import describe as describe_recipes
 from minies.tasks import get_task
 
@@ -117,11 +118,13 @@ def describe_settings(names, cfg, algo_cfg):
 def heldout(model, tok, task, cfg, n, progress=False):
     model.eval()
     return evaluate(model, tok, task, task.test_problems()[:cfg.eval_problems], n=n, ks=[k for k in (1, 16) if k <= n],
-                    seed=cfg.seed, chat_template=cfg.chat_template, progress=progress)
+                    seed=cfg.seed, chat_template=cfg.chat_template, compile_decoding=cfg.compile_decoding,
+                    progress=progress)
 
 
 def main(argv=None):
     cfg, algo_cfg, Algorithm, recipes = parse_args(argv)
+    set_up_process(default_device())  # every process-wide setting (threads, allocator, logging): minies/runtime
     distributed.init()
     main_rank = distributed.is_main()
     if main_rank:
@@ -165,9 +168,8 @@ def main(argv=None):
     # --resume starts again from the start model too: the training state holds the trained weights (ES's masters,
     # GRPO's weights or adapters), and the model a checkpoint holds (merged, dequantized) is for eval.py.
     model = load_model(cfg.model, cfg.dtype, cfg.load_in_8bit)
-    if not cfg.compile_decoding:
-        decoding.keep_eager(model)
-    algo = Algorithm(model, tok, task, algo_cfg, chat_template=cfg.chat_template)
+    algo = Algorithm(model, tok, task, algo_cfg, chat_template=cfg.chat_template,
+                     compile_decoding=cfg.compile_decoding)
     weight_bound = cfg.max_weight_growth * largest_weight(model)  # of the start model, also when resuming
 
     start_step, tokens, before = 0, 0, None

@@ -1,4 +1,4 @@
-"""Generation on a CPU with glibc's default malloc against the setting minies makes (minies/allocator.py).
+"""Generation on a CPU with glibc's default malloc against the setting minies makes (minies/runtime/allocator.py).
 
     python -m bench.allocator                               # the 0.5B shape, bfloat16, 512 rows, 8 new tokens
     python -m bench.allocator --rows 64 --dtype float32
@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import torch
 
 from bench.es import BenchConfig, bench_task, build, make_es
-from minies import allocator
+from minies.runtime import allocator
 from minies.config import add_arguments, from_args, option
 from minies.es import member_seeds
 from minies.models import DTYPES
@@ -41,8 +41,8 @@ class AllocatorBenchConfig:
 
 def child(args, setting):
     """One setting's measurements in this process: {"plain_s", "lowrank_s", "tokens", "peak_mib"}."""
-    if setting == "default":
-        allocator.reuse_freed_memory = lambda: False  # leave malloc as glibc sets it
+    if setting != "default":  # "default": malloc as glibc sets it
+        allocator.reuse_freed_memory()
     k = max(1, args.lowrank_members)
     config = BenchConfig(model=args.model, dtype=args.dtype, population=k, prompts=args.rows // k,
                          micro_batch=args.rows, new_tokens=args.new_tokens, prompt_style="terse")

@@ -13,7 +13,7 @@ Every number is measured in this one run, side by side, and printed as ratios:
 2. efficiency: generated tokens/s of an ES step over tokens/s of plain batched generation of the same
    N·P rows in the same chunks (the limit ES can approach), timed in turn with that mode's steps, for
    both modes; members/s of both modes;
-   the mode `--mode auto` picks for this shape (minies.placement.choose_mode); on CUDA, the time to copy
+   the mode `--mode auto` picks for this shape (minies.runtime.placement.choose_mode); on CUDA, the time to copy
    one member's fp32 masters from pinned host memory (what each member costs with --master-device cpu;
    with the masters on the device a member copies nothing);
 3. memory: peak of an ES step (and of a GRPO step) over the peak of plain generation, each measured in
@@ -39,12 +39,13 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 from bench.qwen_shapes import QWEN_05B
-from minies import allocator
+from minies.runtime import set_up_process
 from minies.config import TaskOptions, add_arguments, from_args, option, option_of
 from minies.es import ES, ESConfig, ScoredRollouts, member_seeds
-from minies.models import SHIPPED_MODEL, contiguous_head_input, load_model, load_tokenizer, model_device, prompt_style_for
+from minies.models import SHIPPED_MODEL, contiguous_head_input, default_device, load_model, load_tokenizer, model_device
+from minies.recipes import prompt_style_for
 from minies.perturbed import noise
-from minies.placement import choose_mode
+from minies.runtime.placement import choose_mode
 from minies.rollout import format_prompts, generate
 from minies.tasks import Score, get_task
 from train import TrainConfig
@@ -73,8 +74,6 @@ def build(args):
     almost never emits EOS, so every row generates exactly max_new_tokens tokens."""
     tok = load_tokenizer(SHIPPED_MODEL)
     if args.model == "qwen0.5b-random":
-        if not torch.cuda.is_available():
-            allocator.reuse_freed_memory()  # as load_model does on a CPU
         from transformers import AutoModelForCausalLM, BitsAndBytesConfig, Qwen2Config
         torch.manual_seed(0)
         config = Qwen2Config(**QWEN_05B, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
@@ -297,7 +296,7 @@ def passthrough(args):
 def step_time(args):
     """[seconds of one ES step (after a warm-up step), the mode `auto` picked] under however many processes
     launched this one (the mode counts the members on each process)."""
-    from minies import distributed
+    from minies.runtime import distributed
     distributed.init()
     model, tok = build(args)
     task, problems = bench_task(args, model)
@@ -341,6 +340,7 @@ def main():
     p.add_argument("--probe", help=argparse.SUPPRESS)  # internal: one measurement in a fresh process
     parsed = p.parse_args()
     args = from_args(BenchConfig, parsed)
+    set_up_process(default_device())  # every process-wide setting, as train.py makes them (minies/runtime)
     args.probe = parsed.probe
     torch.set_grad_enabled(args.probe == "grpo")
     if args.probe:

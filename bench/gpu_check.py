@@ -9,7 +9,7 @@ code a real checkpoint runs. Each (algorithm, dtype) row is a call of train.main
 reports pass/fail, peak GPU memory (torch.cuda.max_memory_allocated, reset before each run) and the
 mean step time from the run's log.jsonl. Then ES's exact restore is checked on the device: 20 cycles of
 writing perturbed weights and clean ones leave every parameter and buffer bit-identical. Last, decoding
-(CUDA only): greedy tokens/s eager against compiled (minies/decoding.py) at batches 1 to 256 in bfloat16,
+(CUDA only): greedy tokens/s eager against compiled (minies/runtime/decoding.py) at batches 1 to 256 in bfloat16,
 whether both give the same tokens, and whether compiled decoding follows ES's in-place writes.
 """
 import argparse
@@ -25,10 +25,11 @@ import torch
 
 import train
 from bench.qwen_shapes import QWEN2_SHAPES, save_random_qwen2, scaled_shape
-from minies import ArgumentParser, decoding, run_script
+from minies import ArgumentParser, run_script
 from minies.config import add_arguments, from_args, option
 from minies.es import ES, ESConfig, member_seeds
-from minies.models import load_model, load_tokenizer, model_device
+from minies.models import default_device, load_model, load_tokenizer, model_device
+from minies.runtime import set_up_process
 from minies.rollout import generate
 from minies.tasks import get_task
 
@@ -126,23 +127,23 @@ def restore_is_exact(model_dir, dtype, cycles):
 @torch.no_grad()
 def decoding_speed(model_dir, batches, new_tokens):
     """Greedy decoding of `new_tokens` tokens for each batch of Countdown prompts in bfloat16, eager and compiled
-    (minies/decoding.py), each timed on its second call (the first compiles and records):
+    (minies/runtime/decoding.py), each timed on its second call (the first compiles and records):
     ([(batch, eager tokens/s, compiled tokens/s, same tokens)], whether compiled decoding follows ES's in-place
     writes: a member's weights change the tokens sampled with one seed, and the clean weights give the clean
     tokens back; sampled, as a random model's greedy tokens hardly depend on its weights)."""
     tok = load_tokenizer(model_dir)
     eager, compiled = (load_model(model_dir, "bfloat16").requires_grad_(False) for _ in range(2))
-    decoding.keep_eager(eager)
     task = get_task("countdown", prompt_style="instruct")
     rows = []
     for batch in batches:
         prompts = task.prompts(tok, task.test_problems()[:batch])
         runs = []
-        for model in (eager, compiled):
-            generate(model, tok, prompts, new_tokens, greedy=True, micro_batch=batch)
+        for model, compile_decoding in ((eager, False), (compiled, True)):
+            generate(model, tok, prompts, new_tokens, greedy=True, micro_batch=batch, compile_decoding=compile_decoding)
             torch.cuda.synchronize()
             start = time.perf_counter()
-            r = generate(model, tok, prompts, new_tokens, greedy=True, micro_batch=batch)
+            r = generate(model, tok, prompts, new_tokens, greedy=True, micro_batch=batch,
+                         compile_decoding=compile_decoding)
             torch.cuda.synchronize()
             runs.append((r.completion_ids, r.completion_ids.numel() / (time.perf_counter() - start)))
         (eager_ids, eager_speed), (compiled_ids, compiled_speed) = runs
@@ -200,6 +201,7 @@ def main(argv=None):
     parser = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_arguments(parser, CheckConfig, "gpu check")
     cfg = from_args(CheckConfig, parser.parse_args(argv))
+    set_up_process(default_device())  # every process-wide setting, as train.py makes them (minies/runtime)
     if not torch.cuda.is_available() and not cfg.allow_cpu:
         print("bench.gpu_check needs a CUDA GPU (or --allow-cpu with --shape scaled); nothing to do here")
         return None

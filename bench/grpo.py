@@ -25,7 +25,9 @@ from torch.profiler import ProfilerActivity, profile
 
 from minies.config import add_arguments, from_args, option, option_of
 from minies.grpo import GRPO, GRPOConfig
-from minies.models import SHIPPED_MODEL, load_model, load_tokenizer, prompt_style_for
+from minies.models import SHIPPED_MODEL, default_device, load_model, load_tokenizer
+from minies.runtime import set_up_process
+from minies.recipes import prompt_style_for
 from minies.rollout import format_prompts
 from minies.tasks import get_task
 
@@ -123,6 +125,7 @@ def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_arguments(p, BenchConfig, "bench.grpo")
     args = from_args(BenchConfig, p.parse_args())
+    set_up_process(default_device())  # every process-wide setting, as train.py makes them (minies/runtime)
     torch.set_num_threads(1)
     device = torch.cuda.get_device_name() if torch.cuda.is_available() else f"CPU, {torch.get_num_threads()} thread(s)"
     print(f"# bench.grpo: shipped model, {args.prompts} prompts x {args.group_size} completions, lr {args.lr}, "

@@ -7,7 +7,7 @@ a few steps, and the step time is read from its log (the `seconds` of the last s
 first). "busy" starts one single-threaded busy loop before the run and stops it after, on a machine with as
 many cores as torch has threads: one other program at full speed, as on any laptop or CI runner.
 
-Configurations: `minies` (train.py as shipped: its threads follow the load, minies/threads.py), `one thread`
+Configurations: `minies` (train.py as shipped: its threads follow the load, minies/runtime/threads.py), `one thread`
 (OMP_NUM_THREADS=1) and `fixed` (OMP_NUM_THREADS = torch's default count, which turns the following off: every thread
 kept whatever the load). Printed: each step time and the two ratios the threading rule (docs/speed.md, "A CPU
 shared with other work") is held to: busy ÷ quiet one-thread (at most 1.2) and quiet ÷ quiet fixed (within

@@ -48,12 +48,14 @@ import torch
 
 import train
 from bench import report
-from minies import ArgumentParser, UserError, checkpoint, run_script
+from minies import ArgumentParser, UserError, run_script
+from minies.runtime import checkpoint, set_up_process
 from minies.analysis import drift, rank_correlation, rescue_counts, sparsified
 from minies.config import TaskOptions, add_arguments, from_args, option, option_of
 from minies.evaluate import evaluate
 from minies.grpo import GRPOConfig
-from minies.models import default_model, load_config, load_model, load_tokenizer, prompt_style_for
+from minies.models import default_device, default_model, load_config, load_model, load_tokenizer
+from minies.recipes import prompt_style_for
 from minies.tasks import get_task
 
 SEQUENTIAL = (("grpo", "es"), ("es", "grpo"))
@@ -368,6 +370,7 @@ def diversity_link(cfg, runs, start):
 
 def main(argv=None):
     cfg = parse_args(argv)
+    set_up_process(default_device())  # every process-wide setting, as train.py makes them (minies/runtime)
     runs_dir = os.path.join(cfg.out, "runs")
     if os.path.exists(runs_dir):
         raise UserError(f"{runs_dir} already exists; pass another --out or delete it")

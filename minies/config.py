@@ -112,7 +112,7 @@ class ModelOptions:
     chat_template: bool = option(True, "wrap questions in the tokenizer's chat template when it has one")
     compile_decoding: bool = option(True, "on CUDA, decode with a static KV cache and a compiled step (CUDA graphs, "
                                     "compiled by a run's first calls); --no-compile-decoding: transformers' eager "
-                                    "decoding (minies/decoding.py)")
+                                    "decoding (minies/runtime/decoding.py)")
 
 
 @dataclasses.dataclass

@@ -28,8 +28,7 @@ import math
 
 import torch
 
-from minies import decoding
-from minies.guard import check_finite
+from minies.runtime.guard import check_finite
 from minies.perturbed import noise
 
 
@@ -53,9 +52,6 @@ class LowRankPopulation:
         for modules in self.modules.values():
             for module in modules:
                 module.register_forward_hook(self.lookup_hook if module is embedding else self.hook)
-        # Compiled decoding pads a call's rows to a bucket, which would shift the hooks' member blocks; and a
-        # batch of many members already shares each token's overhead (minies/decoding.py).
-        decoding.keep_eager(model)
 
     def factors(self, seeds, t):
         """[len(seeds), out + in, r]: each member seed's A_n [out, r] above its B_n [in, r] for one tensor, in

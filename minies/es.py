@@ -25,7 +25,7 @@ minies/perturbed.py, as above) writes each member's weights into the model and s
 after another. `lowrank` (EGGROLL, LowRankPopulation, minies/eggroll.py) never modifies the weights while
 scoring: each member's noise is a rank-r matrix added in the forward pass, so several members generate
 together in one batch; the update is the same as in place, into the same fp32 masters. `--mode auto` (the
-default) picks the faster one for the batch shape (minies/placement.py): lowrank when a generate call
+default) picks the faster one for the batch shape (minies/runtime/placement.py): lowrank when a generate call
 holds two members or more, else in place. Lowrank perturbs only the weight matrices that --params names,
 so auto stays in place when --params names none. The shipped models and the qiu2025 recipe name
 `inplace`, the mode their settings were tuned and their results measured in.
@@ -48,14 +48,15 @@ import torch
 
 from torch.profiler import record_function
 
-from minies import UserError, distributed, lora
+from minies import UserError, lora
+from minies.runtime import distributed
 from minies.config import option
 from minies.eggroll import LowRankPopulation, matrix_modules
 from minies.es_log import step_log
 from minies.metrics import average_ranks
 from minies.models import int8_row_scales, model_device
 from minies.perturbed import InPlacePopulation, PerturbedTensor
-from minies.placement import choose_mode, master_device
+from minies.runtime.placement import choose_mode, master_device
 from minies.recipes import QIU
 from minies.rollout import encode, generate
 
@@ -85,7 +86,7 @@ class ESConfig:
                               check="count")
     mode: str = option("auto", "inplace: perturb the weights, one member at a time; lowrank: EGGROLL, "
                        "rank-r noise added in the forward pass, many members per batch (minies/eggroll.py); auto: "
-                       "the faster of the two for the batch shape (minies/placement.py)",
+                       "the faster of the two for the batch shape (minies/runtime/placement.py)",
                        choices=["auto", "inplace", "lowrank"])
     rank: int = option(1, "rank r of each member's perturbation A·Bᵀ/√r in lowrank mode", check="positive")
     master_device: str = option("auto", "where the fp32 master weights live when the model is on CUDA: cpu (pinned "
@@ -147,9 +148,9 @@ class ES:
 
     default_steps = 500  # Qiu et al. 2025's NUM_ITERATIONS; the shipped models' recipes set their own
 
-    def __init__(self, model, tokenizer, task, config, chat_template=True):
+    def __init__(self, model, tokenizer, task, config, chat_template=True, compile_decoding=True):
         self.model, self.tokenizer, self.task, self.config = model, tokenizer, task, config
-        self.chat_template = chat_template
+        self.chat_template, self.compile_decoding = chat_template, compile_decoding
         self.prompts_per_step = config.prompts_per_step
         member_seeds(0, config.population, config.antithetic)  # a bad --population fails now, not after an evaluation
         if config.population * config.prompts_per_step > 10**6:
@@ -236,7 +237,10 @@ class ES:
         copy. The population has set the weights each copy runs at (written into the model, or hooked)."""
         batch = {name: value.repeat(copies, 1) for name, value in prompts.items()}
         r = generate(self.model, self.tokenizer, batch, self.task.max_new_tokens, self.config.temperature,
-                     greedy=self.config.greedy, micro_batch=micro_batch, seed=seed)
+                     greedy=self.config.greedy, micro_batch=micro_batch, seed=seed,
+                     # lowrank decodes eagerly: compiled decoding pads a call's rows to a bucket, which would shift
+                     # the member blocks its hooks perturb (minies/runtime/decoding.py)
+                     compile_decoding=self.compile_decoding and self.config.mode == "inplace")
         scores = [self.task.score(text, problem) for problem, text in zip(problems * copies, r.texts)]
         return ScoredRollouts(scores, r.truncated.numpy(), r.lengths.numpy()).split(copies)
 

@@ -11,7 +11,7 @@ import time
 import numpy as np
 import torch
 
-from minies import distributed
+from minies.runtime import distributed
 from minies.analysis import answer_outcome, js_diversity
 
 DRIFT_CHUNK = 2**18  # elements per chunk of drift(): 1 MB of fp32, cache-sized

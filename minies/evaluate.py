@@ -16,8 +16,9 @@ from minies.rollout import completion_logprobs, generate
 
 @torch.no_grad()
 def evaluate(model, tokenizer, task, problems, n=16, ks=(1, 16), temperature=1.0, greedy=True, seed=0,
-             micro_batch=256, chat_template=True, progress=False):
-    """Returns a dict of metrics. n=0 skips sampling (greedy only); greedy=False skips greedy."""
+             micro_batch=256, chat_template=True, compile_decoding=True, progress=False):
+    """Returns a dict of metrics. n=0 skips sampling (greedy only); greedy=False skips greedy.
+    `compile_decoding`: rollout.generate's."""
     prompts = task.prompts(tokenizer, problems, chat_template)
     result = {"problems": len(problems), "n": n}
     if n > 0:
@@ -31,7 +32,7 @@ def evaluate(model, tokenizer, task, problems, n=16, ks=(1, 16), temperature=1.0
             batch_prompts = [p for p in prompts[s:s + block] for _ in range(n)]
             batch_problems = [p for p in problems[s:s + block] for _ in range(n)]
             r = generate(model, tokenizer, batch_prompts, task.max_new_tokens, temperature, greedy=False,
-                         micro_batch=micro_batch, seed=seed + s, share_prompts=True)
+                         micro_batch=micro_batch, seed=seed + s, share_prompts=True, compile_decoding=compile_decoding)
             scores = [task.score(text, problem) for problem, text in zip(batch_problems, r.texts)]
             correct[s:s + block] = np.array([sc.correct for sc in scores]).reshape(-1, n).sum(1)
             for i, sc in enumerate(scores):
@@ -56,7 +57,8 @@ def evaluate(model, tokenizer, task, problems, n=16, ks=(1, 16), temperature=1.0
         result["mean_length"] = sum(length) / (len(problems) * n)
         result.update(solution_metrics(task, problems, found))
     if greedy:
-        result["greedy_accuracy"] = greedy_accuracy(model, tokenizer, task, problems, micro_batch, chat_template)
+        result["greedy_accuracy"] = greedy_accuracy(model, tokenizer, task, problems, micro_batch, chat_template,
+                                                   compile_decoding)
     return result
 
 
@@ -78,7 +80,8 @@ def solution_metrics(task, problems, found):
             "solution_coverage": float(np.mean([len(found[i]) / task.solution_count(problems[i]) for i in solved]))}
 
 
-def greedy_accuracy(model, tokenizer, task, problems, micro_batch=256, chat_template=True):
+def greedy_accuracy(model, tokenizer, task, problems, micro_batch=256, chat_template=True, compile_decoding=True):
     prompts = task.prompts(tokenizer, problems, chat_template)
-    r = generate(model, tokenizer, prompts, task.max_new_tokens, greedy=True, micro_batch=micro_batch)
+    r = generate(model, tokenizer, prompts, task.max_new_tokens, greedy=True, micro_batch=micro_batch,
+                 compile_decoding=compile_decoding)
     return float(np.mean([task.score(text, problem).correct for problem, text in zip(problems, r.texts)]))

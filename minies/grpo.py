@@ -15,7 +15,7 @@ shared between processes under DistributedDataParallel. Every normalizer of the 
 whole batch's, over all micro-batches and ranks, so the sum of the parts' losses is the loss of the
 batch and the gradient does not depend on how it was cut.
 
-A bfloat16 or float16 model is trained through fp32 masters (minies/masters.py): AdamW and its state act
+A bfloat16 or float16 model is trained through fp32 masters (minies/runtime/masters.py): AdamW and its state act
 on fp32 copies of the weights, and the model holds their rounding. A model loaded in 8-bit cannot be
 trained directly: LoRA adapters (minies/lora.py) are trained beside the frozen int8 weights, the
 reference policy is the base with the adapters switched off, and checkpoints hold the merged float model.
@@ -31,12 +31,13 @@ import torch
 from torch.nn.parallel import DistributedDataParallel
 from torch.profiler import record_function
 
-from minies import UserError, distributed, lora
+from minies import UserError, lora
+from minies.runtime import distributed
 from minies.config import option
 from minies.recipes import DSM, THREEPO
 from minies.grpo_loss import AGGREGATIONS, group_advantages, grpo_loss
-from minies.guard import check_finite
-from minies.masters import MasterWeights
+from minies.runtime.guard import check_finite
+from minies.runtime.masters import MasterWeights
 from minies.models import model_device
 from minies.rollout import completion_logprobs, generate, logits_rows
 
@@ -97,7 +98,7 @@ class GRPO:
 
     default_steps = 200  # sized for the shipped model (what it gives: docs/results.md)
 
-    def __init__(self, model, tokenizer, task, config, chat_template=True):
+    def __init__(self, model, tokenizer, task, config, chat_template=True, compile_decoding=True):
         world = distributed.world_size()
         if config.group_size < 2:
             raise UserError("--group-size must be at least 2: advantages compare completions within a group")
@@ -114,7 +115,7 @@ class GRPO:
             raise UserError(f"--prompts {config.prompts} × --group-size {config.group_size}: over a million "
                             "completions a step; lower one of them")
         self.model, self.tokenizer, self.task, self.config = model, tokenizer, task, config
-        self.chat_template = chat_template
+        self.chat_template, self.compile_decoding = chat_template, compile_decoding
         self.prompts_per_step = config.prompts
         if config.lora_rank > 0:
             lora.add_adapters(model, config.lora_rank, config.lora_alpha, config.lora_targets.split(","))
@@ -132,7 +133,7 @@ class GRPO:
 
     def make_optimizer(self, params):
         """The optimizer of the trained parameters: 3PO's hook, where ThreePO puts IVON. GRPO's is AdamW (or
-        bitsandbytes' 8-bit AdamW) on fp32 masters of half-precision parameters (minies/masters.py); a
+        bitsandbytes' 8-bit AdamW) on fp32 masters of half-precision parameters (minies/runtime/masters.py); a
         float32 parameter, such as a LoRA adapter, is its own master."""
         if self.config.optim == "adamw8bit":
             import bitsandbytes as bnb
@@ -234,10 +235,10 @@ class GRPO:
     @record_function("grpo.generate")
     def generate(self, prompts, seed):
         """One completion per prompt string from the weights as they are now (a group's prompt runs once where
-        decoding is eager: minies/decoding.py)."""
+        decoding is eager: minies/runtime/decoding.py)."""
         self.model.eval()
         return generate(self.model, self.tokenizer, prompts, self.task.max_new_tokens, self.config.temperature,
-                        seed=seed, share_prompts=True)
+                        seed=seed, share_prompts=True, compile_decoding=self.compile_decoding)
 
     @record_function("grpo.verify")
     def verify(self, problems, rollouts):

@@ -2,14 +2,11 @@
 once to a directory: minies/gguf.py), float32 / bfloat16 / float16, or LLM.int8 through bitsandbytes (on CUDA
 and on CPU)."""
 import json
-import logging
 import os
 
-import huggingface_hub
 import torch
-import transformers
 
-from minies import UserError, allocator
+from minies import UserError
 from minies.gguf import convert_gguf, is_gguf, packaged_file
 
 SHIPPED_MODEL = os.path.join(os.path.dirname(__file__), "assets", "tiny")
@@ -18,29 +15,10 @@ SHIPPED_MODELS = {"arithmetic": SHIPPED_MODEL,
                   "countdown": os.path.join(os.path.dirname(__file__), "assets", "tiny-countdown")}
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
-# Loading and saving bars of transformers would clutter our own progress bars.
-transformers.utils.logging.disable_progress_bar()
-transformers.utils.logging.set_verbosity_error()
-huggingface_hub.utils.logging.set_verbosity_error()  # no network: our one-line error says it all
-# bitsandbytes logs on every 8-bit matmul that it casts fp32 inputs to fp16 (expected), and at import
-# that an optional CPU kernel is missing; neither is actionable.
-logging.getLogger("bitsandbytes").setLevel(logging.ERROR)
-
 
 def default_model(task):
     """The model used when --model is not given: the shipped model trained on `task`, else SHIPPED_MODEL."""
     return SHIPPED_MODELS.get(task, SHIPPED_MODEL)
-
-
-def prompt_style_for(style, config):
-    """`style` itself, or for "auto" the prompt style of the recipe the model names for itself (`minies_recipe` in
-    its config.json: minies/recipes.py), else "instruct", the style of any instruction-tuned model."""
-    from minies.recipes import RECIPES
-
-    if style != "auto":
-        return style
-    recipe = RECIPES.get(getattr(config, "minies_recipe", None))
-    return recipe.values["prompt_style"][0] if recipe and "prompt_style" in recipe.values else "instruct"
 
 
 def load_config(name=SHIPPED_MODEL):
@@ -127,8 +105,6 @@ def load_model(name=SHIPPED_MODEL, dtype="float32", load_in_8bit=False, device=N
         raise UserError(f"--dtype {dtype}: choose one of {', '.join(DTYPES)}")
     path = model_path(name)
     device = torch.device(device) if device is not None else default_device()
-    if device.type == "cpu":
-        allocator.reuse_freed_memory()  # a forward's large tensors from memory freed by the last (minies/allocator.py)
     kwargs = {"dtype": DTYPES[dtype]}
     if load_in_8bit:
         kwargs["quantization_config"] = BitsAndBytesConfig(load_in_8bit=True)

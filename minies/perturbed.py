@@ -30,7 +30,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import torch
 
-from minies.guard import check_finite
+from minies.runtime.guard import check_finite
 from minies.models import int8_row_scales
 
 NOISE_CACHE_BYTES = 2**30  # host memory a step's noise may take when StepNoise keeps it

@@ -14,6 +14,10 @@ import os
 import textwrap
 from dataclasses import dataclass, field
 
+from minies import UserError
+from minies.gguf import cached_gguf, is_gguf, packaged_file, packaged_recipe
+from minies.models import load_config
+
 MINIES = "minies' choice"
 ALGOS = ("es", "grpo", "b3po", "m3po", "c3po")
 
@@ -170,17 +174,20 @@ RECIPES = {
 }
 
 
+def prompt_style_for(style, config):
+    """`style` itself, or for "auto" the prompt style of the recipe the model names for itself (`minies_recipe` in
+    its config.json: RECIPES above), else "instruct", the style of any instruction-tuned model."""
+    if style != "auto":
+        return style
+    recipe = RECIPES.get(getattr(config, "minies_recipe", None))
+    return recipe.values["prompt_style"][0] if recipe and "prompt_style" in recipe.values else "instruct"
+
+
 def own_recipe(model):
     """The name of the recipe a local model directory names for itself (`minies_recipe` in its config.json),
     or a packaged model's (minies/gguf.py, by its name or its file's path), or None. Hub ids get none here:
     parsing flags (and --help) never waits on the network, and a model whose config cannot be read gets none either, for loading it later to say why. A GGUF file is read through its
     converted directory only when that exists already: parsing flags never converts one."""
-    import os
-
-    from minies import UserError
-    from minies.gguf import cached_gguf, is_gguf, packaged_file, packaged_recipe
-    from minies.models import load_config
-
     if packaged_recipe(model) is not None:
         return packaged_recipe(model)
     model = packaged_file(model)  # a packaged model's name stands for its GGUF file

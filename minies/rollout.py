@@ -18,10 +18,10 @@ import torch
 from tqdm import tqdm
 from transformers import GenerationConfig, StoppingCriteria, StoppingCriteriaList
 
-from minies import decoding, distributed
-from minies.guard import Diverged
+from minies.runtime import decoding, distributed
+from minies.runtime.guard import Diverged
 from minies.models import model_device
-from minies.threads import follow_load
+from minies.runtime.threads import follow_load
 
 
 @dataclass
@@ -116,13 +116,14 @@ def position_ids(attention_mask):
 
 @torch.no_grad()
 def generate(model, tokenizer, prompts, max_new_tokens=16, temperature=1.0, top_p=1.0, greedy=False,
-             micro_batch=256, seed=0, share_prompts=False):
+             micro_batch=256, seed=0, share_prompts=False, compile_decoding=True):
     """Sample one completion per prompt string (repeat prompts for several); `prompts` may also be their
     encode(), for a caller that generates from the same prompts many times. Seeded: the same
     seed, model and prompts give the same completions (common random numbers for ES).
     `share_prompts`: a prompt repeated within a micro-batch is run once (shared_prompt_cache); only when
-    every row runs under the same weights, and not where decoding is compiled (minies/decoding.py decides:
-    on CUDA by default)."""
+    every row runs under the same weights, and not where decoding is compiled. `compile_decoding`: decode
+    with a static cache and a compiled step where the model allows it (on CUDA, not 8-bit:
+    minies/runtime/decoding.py); False keeps transformers' eager decoding."""
     device = model_device(model)
     stop_ids = stop_token_ids(model, tokenizer)
     # Every knob minies uses is set here, and no other (generate_from_nothing): the rollouts come from exactly
@@ -135,15 +136,15 @@ def generate(model, tokenizer, prompts, max_new_tokens=16, temperature=1.0, top_
     devices = [device] if device.type == "cuda" else []
     encoded = prompts if isinstance(prompts, dict) else encode(tokenizer, prompts)
     bar = tokens_bar(len(encoded["input_ids"]), max_new_tokens)
+    compiled = compile_decoding and decoding.compilable(model)
     with torch.random.fork_rng(devices=devices), generate_from_nothing(model), bar:
         torch.manual_seed(seed)
         for start in range(0, len(encoded["input_ids"]), micro_batch):
-            if device.type == "cpu":
-                follow_load()  # as many threads as the cores other programs leave free (minies/threads.py)
+            follow_load()  # when the script asked for it: threads on the cores other programs leave free
             enc = {name: value.to(device)
                    for name, value in encoded_rows(encoded, slice(start, start + micro_batch)).items()}
             rows, width = enc["input_ids"].shape
-            if decoding.compiled(model):  # on CUDA: a static cache, a compiled step, rows padded (minies/decoding.py)
+            if compiled:  # a static cache, a compiled step, rows padded (minies/runtime/decoding.py)
                 inputs = decoding.static_inputs(model, enc, max_new_tokens, micro_batch)
             else:
                 inputs = {**enc, **(shared_prompt_cache(model, enc["input_ids"], enc["attention_mask"])

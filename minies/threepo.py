@@ -56,7 +56,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from minies import UserError, distributed
+from minies import UserError
+from minies.runtime import distributed
 from minies.config import option
 from minies.recipes import THREEPO
 from minies.grpo import GRPO, PolicyGradientConfig
@@ -127,13 +128,13 @@ class ThreePO(GRPO):
     gradient, ĝ, left in p.grad at the weights in place: IVON collects it on leaving `sampled_params`
     and steps once the gradients at all of the step's weight samples are in."""
 
-    def __init__(self, model, tokenizer, task, config, chat_template=True):
+    def __init__(self, model, tokenizer, task, config, chat_template=True, compile_decoding=True):
         std = (config.ess * (config.hess_init + config.weight_decay)) ** -0.5
         if not std <= 1:
             raise UserError(f"--ess {config.ess:g} with --hess-init {config.hess_init:g}: IVON's posterior std "
                             f"1/sqrt(λ·(h0 + δ)) is {std:.3g}, so its weight samples would be noise (the paper's is "
                             "1e-3); raise --ess or --hess-init")
-        super().__init__(model, tokenizer, task, config, chat_template)
+        super().__init__(model, tokenizer, task, config, chat_template, compile_decoding)
 
     def make_optimizer(self, params):
         """IVON, which keeps fp32 masters of half-precision parameters in its own state (minies/ivon.py)."""
@@ -167,10 +168,10 @@ class M3PO(ThreePO):
 
     default_steps = 200  # M = 2: twice B3PO's time per step
 
-    def __init__(self, model, tokenizer, task, config, chat_template=True):
+    def __init__(self, model, tokenizer, task, config, chat_template=True, compile_decoding=True):
         if config.samples < 1:
             raise UserError(f"--samples {config.samples}: need at least one weight sample")
-        super().__init__(model, tokenizer, task, config, chat_template)
+        super().__init__(model, tokenizer, task, config, chat_template, compile_decoding)
         self.samples = config.samples
 
     def step(self, problems, seed):
@@ -200,13 +201,13 @@ class C3PO(ThreePO):
 
     default_steps = 300  # a step costs a little more than GRPO's: N + 1 extra no-grad forward passes
 
-    def __init__(self, model, tokenizer, task, config, chat_template=True):
+    def __init__(self, model, tokenizer, task, config, chat_template=True, compile_decoding=True):
         if config.chunks < 1 or config.group_size % config.chunks:
             raise UserError(f"--chunks {config.chunks}: must be >= 1 and divide --group-size {config.group_size}")
         if config.ratio_keep_min > config.ratio_keep_max:
             raise UserError(f"--ratio-keep-min {config.ratio_keep_min:g} is above --ratio-keep-max "
                             f"{config.ratio_keep_max:g}: no rollout would be kept")
-        super().__init__(model, tokenizer, task, config, chat_template)
+        super().__init__(model, tokenizer, task, config, chat_template, compile_decoding)
 
     def step(self, problems, seed):
         cfg = self.config

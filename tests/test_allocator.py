@@ -1,11 +1,11 @@
-"""minies/allocator.py: on glibc a CPU run keeps freed memory for its next tensors instead of returning it."""
+"""minies/runtime/allocator.py: on glibc a CPU run keeps freed memory for its next tensors instead of returning it."""
 import ctypes
 import subprocess
 import sys
 
 import pytest
 
-from minies import allocator
+from minies.runtime import allocator
 
 GLIBC = hasattr(ctypes.CDLL(None), "gnu_get_libc_version")
 
@@ -13,7 +13,7 @@ GLIBC = hasattr(ctypes.CDLL(None), "gnu_get_libc_version")
 # allocated and written and after it is freed.
 FREED = """
 import os, sys, torch
-from minies.allocator import reuse_freed_memory
+from minies.runtime.allocator import reuse_freed_memory
 if sys.argv[1] == "reuse":
     assert reuse_freed_memory()
 def resident_mb():

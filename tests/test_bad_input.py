@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from conftest import assert_one_line_error, finish, run_in_process, single_thread, start_script
-from minies import checkpoint
-from minies.guard import Diverged, check_finite, check_weights
+from minies.runtime import checkpoint
+from minies.runtime.guard import Diverged, check_finite, check_weights
 from minies.metrics import pass_at_k
 
 pytestmark = pytest.mark.usefixtures("one_thread")

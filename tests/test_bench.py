@@ -31,7 +31,7 @@ def test_bench_es_prints_every_ratio(tmp_path):
     assert re.search(r"lowrank / in-place members per second: [0-9.]+x", text)
     outside = re.search(r"time outside scoring / inside: (-?[0-9.]+)% \(lowrank: (-?[0-9.]+)%\)", text)
     assert outside and all(float(x) > -100 for x in outside.groups())
-    # 4 members per generate call: lowrank (minies/placement.py), with that mode's efficiency
+    # 4 members per generate call: lowrank (minies/runtime/placement.py), with that mode's efficiency
     picked = re.search(r"^--mode auto picks: lowrank, efficiency ([0-9.]+)$", text, re.M)
     assert picked and float(picked.group(1)) == float(re.search(r"ES lowrank.*efficiency ([0-9.]+)", text).group(1))
     ratios = [float(r) for r in re.findall(r"step: \d+ MiB .* ratio ([0-9.]+)", text)]

@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 import torch
 
-from minies import UserError, checkpoint
+from minies import UserError
+from minies.runtime import checkpoint
 from minies.models import load_model
 
 pytestmark = pytest.mark.usefixtures("one_thread")

@@ -1,4 +1,4 @@
-"""Compiled decoding (minies/decoding.py): the rule and its flag, the buckets, and, forced onto the CPU, greedy
+"""Compiled decoding (minies/runtime/decoding.py): the rule and its flag, the buckets, and, forced onto the CPU, greedy
 tokens identical to eager decoding whatever the rows and prompt widths, and weights written in place (in-place
 ES's members, IVON's samples) decoded at once and restored exactly. The module compiles once (inductor on a
 CPU: tens of seconds); every compiled call stays in that one graph (8 rows, a 32-token cache)."""
@@ -11,8 +11,9 @@ from torch._dynamo.utils import counters
 import eval as eval_script
 import train
 from conftest import DenseArithmetic, single_thread
-from minies import decoding
+import minies.es as es_module
 from minies.es import ES, ESConfig, member_seeds
+from minies.runtime import decoding
 from minies.ivon import IVON
 from minies.models import load_model, load_tokenizer
 from minies.rollout import format_prompts, generate
@@ -35,7 +36,6 @@ def m(tiny_model_dir):
         # what a compiled graph is specialized on.
         compiled = load_model(tiny_model_dir, device="cpu").requires_grad_(False)
         eager = load_model(tiny_model_dir, device="cpu").requires_grad_(False)
-        decoding.keep_eager(eager)
         tok = load_tokenizer(tiny_model_dir)
         prompts = format_prompts(tok, QUESTIONS)
         greedy(compiled, tok, prompts)
@@ -43,14 +43,14 @@ def m(tiny_model_dir):
                                     graphs=counters["stats"]["unique_graphs"])
 
 
-def greedy(model, tok, prompts):
-    return generate(model, tok, prompts, NEW_TOKENS, greedy=True, micro_batch=8)
+def greedy(model, tok, prompts, compile_decoding=True):
+    return generate(model, tok, prompts, NEW_TOKENS, greedy=True, micro_batch=8, compile_decoding=compile_decoding)
 
 
 def eager_at_compiled_weights(m, prompts=None):
     """The eager model's greedy completions at the compiled model's weights as they are now."""
     m.eager.load_state_dict(m.compiled.state_dict())
-    return greedy(m.eager, m.tok, prompts or m.prompts)
+    return greedy(m.eager, m.tok, prompts or m.prompts, compile_decoding=False)
 
 
 def assert_same(a, b):
@@ -59,17 +59,20 @@ def assert_same(a, b):
 
 def test_the_rule_and_its_flag(tiny_model_dir, monkeypatch):
     layer = torch.nn.Linear(2, 2)
-    assert not decoding.compiled(layer)  # a CPU: eager
+    assert not decoding.compilable(layer)  # a CPU: eager
     monkeypatch.setattr(decoding, "DEVICES", ("cuda", "cpu"))
-    assert decoding.compiled(layer)
+    assert decoding.compilable(layer)
     quantized = torch.nn.Linear(2, 2)
     quantized.hf_quantizer = types.SimpleNamespace(is_compileable=False)  # as bitsandbytes' 8-bit
-    assert not decoding.compiled(quantized)
-    decoding.keep_eager(layer)
-    assert not decoding.compiled(layer)
-    es = ES(load_model(tiny_model_dir, device="cpu"), load_tokenizer(tiny_model_dir), Arithmetic(test_size=10),
-            ESConfig(population=4, prompts_per_step=8, mode="lowrank"))
-    assert not decoding.compiled(es.model)  # lowrank's hooks keep it eager
+    assert not decoding.compilable(quantized)
+    asked = []
+    monkeypatch.setattr(es_module, "generate", lambda *a, **kw: asked.append(kw["compile_decoding"]) or 1 / 0)
+    for mode in ("lowrank", "inplace"):
+        es = ES(load_model(tiny_model_dir, device="cpu"), load_tokenizer(tiny_model_dir), Arithmetic(test_size=10),
+                ESConfig(population=4, prompts_per_step=8, mode=mode))
+        with pytest.raises(ZeroDivisionError):
+            es.step(es.task.train_problems(8, seed=0), seed=0)
+    assert asked == [False, True]  # lowrank's hooks keep decoding eager; in place may compile
     assert train.parse_args([])[0].compile_decoding and eval_script.parse_args([]).compile_decoding
     assert not train.parse_args(["--no-compile-decoding"])[0].compile_decoding
     assert not eval_script.parse_args(["--no-compile-decoding"]).compile_decoding
@@ -82,11 +85,11 @@ def test_buckets():
 
 
 def test_greedy_tokens_equal_eager_decoding(m):
-    assert_same(greedy(m.compiled, m.tok, m.prompts), greedy(m.eager, m.tok, m.prompts))
+    assert_same(greedy(m.compiled, m.tok, m.prompts), greedy(m.eager, m.tok, m.prompts, compile_decoding=False))
     # 5 rows, padded to 8 (the padding rows finished at once), and wider prompts: the same graph
-    assert_same(greedy(m.compiled, m.tok, m.prompts[:5]), greedy(m.eager, m.tok, m.prompts[:5]))
+    assert_same(greedy(m.compiled, m.tok, m.prompts[:5]), greedy(m.eager, m.tok, m.prompts[:5], compile_decoding=False))
     wider = format_prompts(m.tok, [q + "+100" for q in QUESTIONS])
-    assert_same(greedy(m.compiled, m.tok, wider), greedy(m.eager, m.tok, wider))
+    assert_same(greedy(m.compiled, m.tok, wider), greedy(m.eager, m.tok, wider, compile_decoding=False))
     [(rows, cache)] = decoding.CACHES[m.compiled].items()  # one cache, reused by every call
     assert rows == 8 and cache.get_max_length() == 32
     assert counters["stats"]["unique_graphs"] == m.graphs >= 1
@@ -118,7 +121,7 @@ def test_in_place_es_members_are_decoded_and_restored(m):
         assert_same(greedy(m.compiled, m.tok, m.prompts), clean)
     # A whole step, compiled and eager from the same weights: the same rewards, the same update.
     m.eager.load_state_dict(m.compiled.state_dict())
-    twin = ES(m.eager, m.tok, task, es.config)
+    twin = ES(m.eager, m.tok, task, es.config, compile_decoding=False)
     problems = task.train_problems(8, seed=0)
     logs = [es.step(problems, seed=3), twin.step(problems, seed=3)]
     assert logs[0]["reward_mean"] == logs[1]["reward_mean"] and logs[0]["update_norm"] == logs[1]["update_norm"] > 0

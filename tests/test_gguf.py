@@ -13,7 +13,8 @@ import pytest
 import torch
 import transformers
 
-from minies import UserError, checkpoint
+from minies import UserError
+from minies.runtime import checkpoint
 from minies.gguf import cache_dir, cache_root, cached_gguf, convert_gguf
 from minies.models import load_config, load_model, load_tokenizer
 from minies.recipes import own_recipe

@@ -9,7 +9,7 @@ from minies import UserError
 from minies.eggroll import LowRankPopulation
 from minies.es import ES, ESConfig, member_seeds
 from minies.models import load_model, load_tokenizer
-from minies.placement import choose_mode, master_device
+from minies.runtime.placement import choose_mode, master_device
 from minies.tasks import Arithmetic
 from test_es import fake_rollout
 
@@ -40,7 +40,7 @@ def test_master_device():
 
 def test_masters_go_where_every_rank_has_room(monkeypatch):
     """Under torchrun auto decides from the smallest free memory of any rank: all ranks choose alike."""
-    from minies import distributed
+    from minies.runtime import distributed
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device: (10**9, 2 * 10**9))  # this rank: room
     monkeypatch.setattr(distributed, "all_gather_objects", lambda free: [free, free])
     assert master_device("auto", CUDA, 10**7) == CUDA

@@ -13,6 +13,7 @@ from bench.qwen_shapes import (QWEN2_SHAPES, SYSTEM, memory_rows, memory_table, 
                                scaled_shape)
 from conftest import REPO
 from minies.models import load_model, load_tokenizer
+from minies.recipes import prompt_style_for
 from minies.perturbed import PerturbedTensor
 from minies.rollout import completion_logprobs, generate
 
@@ -50,7 +51,7 @@ def test_tokenizer_chatml_and_special_ids(qwen):
 def test_instruct_prompts_render_in_chatml(qwen_dir, qwen):
     """What an instruction-tuned Qwen model is shown: its default system message, the instruct question as
     the user turn, then the assistant turn opened for the completion."""
-    from minies.models import load_config, prompt_style_for
+    from minies.models import load_config
     from minies.rollout import format_prompts
     from minies.tasks import get_task
 

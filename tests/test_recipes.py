@@ -9,8 +9,8 @@ import train
 from conftest import REPO, run_in_process
 from minies import UserError
 from minies.es import ES, ESConfig
-from minies.models import load_config, load_model, load_tokenizer, prompt_style_for
-from minies.recipes import RECIPES, table
+from minies.models import load_config, load_model, load_tokenizer
+from minies.recipes import prompt_style_for, RECIPES, table
 from minies.tasks import Arithmetic
 
 

@@ -1,4 +1,4 @@
-"""minies/threads.py: a run takes the cores other programs leave free, never more threads than it was given,
+"""minies/runtime/threads.py: a run takes the cores other programs leave free, never more threads than it was given,
 and never when OMP_NUM_THREADS fixes the count. The machine is simulated: its busy ticks and this process's
 are fed in, one second apart."""
 import os
@@ -6,7 +6,7 @@ import os
 import pytest
 import torch
 
-import minies.threads as threads
+import minies.runtime.threads as threads
 
 
 @pytest.fixture

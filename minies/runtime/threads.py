@@ -6,10 +6,10 @@ threads gets that core only half the time, and the others wait for it at each of
 of a step: on a 2-core machine beside one busy process, a step took 3.4x (ES) to 4.3x (GRPO) its quiet time,
 where the same step on one thread lost nothing (docs/speed.md, "A CPU shared with other work").
 
-So before each generation a run measures how many cores the *other* programs used since the last look
-(the machine's busy time in /proc/stat less this process's own), and runs on the cores left, at most as many
-threads as it started with, at least one. On a quiet machine nothing changes. The thread count changes no
-result: the shipped models' rewards and weights were bit-identical on one thread and on two (a logged norm
+So a script that turns it on (set_up_process, minies/runtime/__init__.py) measures, before each
+generation, how many cores the *other* programs used since the last look (the machine's busy time in
+/proc/stat less this process's own), and runs on the cores left, at most as many threads as it started
+with, at least one. On a quiet machine nothing changes. The thread count changes no result: the shipped models' rewards and weights were bit-identical on one thread and on two (a logged norm
 differed in its last digits). OMP_NUM_THREADS, when set, wins: the count is then fixed.
 """
 import os
@@ -56,12 +56,18 @@ class LoadFollower:
             self.current = threads
 
 
-_follower = None
+_follower = None  # the process's LoadFollower, once follow_load_from_now_on() made it
 
 
-def follow_load():
-    """Run on the cores other programs leave free (the process's one LoadFollower, made on the first call)."""
+def follow_load_from_now_on():
+    """Make every later follow_load() adjust the thread count (set_up_process calls it on a CPU)."""
     global _follower
     if _follower is None:
         _follower = LoadFollower()
-    _follower.follow()
+
+
+def follow_load():
+    """Before each generation (rollout.generate): run on the cores other programs leave free, when the script
+    turned following on (follow_load_from_now_on); else nothing."""
+    if _follower is not None:
+        _follower.follow()

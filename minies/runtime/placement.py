@@ -3,7 +3,8 @@ weights live (master_device). Rules resolved once in ES.__init__, alike on every
 config.json."""
 import torch
 
-from minies import UserError, distributed
+from minies import UserError
+from minies.runtime import distributed
 
 
 def choose_mode(prompts, population, micro_batch):

@@ -8,13 +8,12 @@ whose keys and values live in buffers of one fixed shape, written in place) on a
 decoding forward through torch.compile (inductor, mode "reduce-overhead": CUDA graphs). The prompt's pass
 (the prefill), sampling, stopping and the logits processors stay eager around it.
 
-The rule (compiled()): decoding is compiled on CUDA, except
-- with --no-compile-decoding (keep_eager): transformers' eager decoding with its dynamic cache;
-- for 8-bit models: transformers compiles no bitsandbytes layer;
-- under lowrank ES (minies/eggroll.py): its forward hooks add each member's noise to the member's own
-  block of rows, which padding the rows to a bucket would shift; and its batches hold many members, so
-  per-token overhead is already shared by many rows.
-Everywhere else (a CPU) decoding is eager: the path every result in this repository was measured on.
+The rule: rollout.generate compiles decoding when its caller asks (`compile_decoding`, True unless
+--no-compile-decoding) and compilable() allows: on CUDA, and not for 8-bit models (transformers compiles no
+bitsandbytes layer). Lowrank ES asks for eager decoding (minies/eggroll.py): its forward hooks add each
+member's noise to the member's own block of rows, which padding the rows to a bucket would shift; and its
+batches hold many members, so per-token overhead is already shared by many rows. Everywhere else (a CPU)
+decoding is eager: the path every result in this repository was measured on.
 
 Shapes. A compiled graph, and a CUDA graph even more, holds for one shape; rollouts come in many (the last
 micro-batch of an evaluation, each step's longest prompt). So each call is bucketed:
@@ -46,20 +45,13 @@ from transformers import CompileConfig, StaticCache, StoppingCriteria, StoppingC
 from minies.models import model_device
 
 DEVICES = ("cuda",)  # device types whose decoding is compiled (the tests add "cpu")
-EAGER = weakref.WeakSet()  # models kept eager: --no-compile-decoding, lowrank ES
 CACHES = weakref.WeakKeyDictionary()  # model -> {padded rows: its StaticCache}
 
 
-def keep_eager(model):
-    """From now on `model` decodes eagerly (--no-compile-decoding; lowrank ES)."""
-    EAGER.add(model)
-
-
-def compiled(model):
-    """Whether `model` decodes with a static cache and a compiled step: the rule in the module docstring."""
+def compilable(model):
+    """Whether `model` can decode with a static cache and a compiled step: on CUDA, and not 8-bit."""
     quantizer = getattr(model, "hf_quantizer", None)
-    return (model_device(model).type in DEVICES and model not in EAGER
-            and (quantizer is None or quantizer.is_compileable))
+    return model_device(model).type in DEVICES and (quantizer is None or quantizer.is_compileable)
 
 
 def bucket(n, most=None):
@@ -102,7 +94,7 @@ def static_inputs(model, enc, max_new_tokens, most):
 
 def compile_config(device):
     """transformers' default on CUDA (inductor, "reduce-overhead": CUDA graphs); plain inductor on other
-    devices (the tests' CPU), which have no CUDA graphs. Marked to compile on any device: compiled() has
+    devices (the tests' CPU), which have no CUDA graphs. Marked to compile on any device: compilable() has
     decided, and transformers' own check would refuse a CPU."""
     config = CompileConfig(mode="reduce-overhead" if device.type == "cuda" else "default")
     config._compile_all_devices = True
