@@ -17,7 +17,7 @@ import os
 import sys
 from dataclasses import dataclass
 
-from minies import ArgumentParser, UserError, check_writable, run_script
+from minies import ArgumentParser, UserError, check_thread_variable, check_writable, note_compile_decoding, run_script
 from minies.runtime import set_up_process
 from minies.config import ModelOptions, TaskOptions, add_arguments, checked, from_args, option
 from minies.evaluate import evaluate
@@ -63,7 +63,9 @@ def parse_args(argv):
 
 def main(argv=None):
     cfg = parse_args(argv)
+    check_thread_variable()
     set_up_process(default_device())  # every process-wide setting (threads, allocator, logging): minies/runtime
+    note_compile_decoding(argv, cfg.compile_decoding, default_device())
     too_big = [k for k in cfg.k if k > cfg.n]
     if too_big:
         raise UserError(f"--k {' '.join(map(str, too_big))}: pass@k needs n >= k samples; raise --n to {max(too_big)}")

@@ -11,7 +11,6 @@ Every algorithm gets the same prompts, rewards, logging, checkpoints and evaluat
 algorithm itself lives in minies/<algo>.py and provides what minies/algorithm.py lists.
 """
 import argparse
-import contextlib
 import dataclasses
 import json
 import os
@@ -22,14 +21,17 @@ from dataclasses import asdict, dataclass
 import torch
 from tqdm import tqdm
 
-from minies import ArgumentParser, UserError, check_writable, run_script
-from minies.runtime import checkpoint, distributed, set_up_process
+from minies import ArgumentParser, UserError, check_thread_variable, check_writable, note_compile_decoding, run_script
+from minies import typed_flags
 from minies.config import ModelOptions, TaskOptions, add_arguments, from_args, option
-from minies.runtime.guard import Diverged, check_weights, largest_weight
 from minies.evaluate import evaluate
 from minies.models import default_device, default_model, load_config, load_model, load_tokenizer, position_notes
-from minies.recipes import prompt_style_for, RECIPES, own_recipe, recipe_defaults, recipe_origins
+from minies.recipes import RECIPES, own_recipe, prompt_style_for, recipe_defaults, recipe_origins
 from minies.recipes import describe as describe_recipes
+from minies.runtime import checkpoint, distributed, set_up_process
+from minies.runtime.checkpoint import written
+from minies.runtime.guard import Diverged, check_weights, largest_weight
+from minies.runtime.resume import check_resumed_settings, checkpoint_to_resume, open_log, restore
 from minies.tasks import get_task
 
 
@@ -101,18 +103,18 @@ def parse_args(argv):
     parser.set_defaults(**recipe_defaults(recipes, algo, names))
     args = parser.parse_args(argv)
     args.model = args.model or default_model(args.task)  # resolved here, so config.json records the path
-    return from_args(TrainConfig, args), from_args(config_class, args), algorithm, [name for name in recipes if name]
+    applied = list(dict.fromkeys(name for name in recipes if name))  # --recipe tiny on the tiny model: once
+    return from_args(TrainConfig, args), from_args(config_class, args), algorithm, applied
 
 
-def describe_settings(names, cfg, algo_cfg):
+def print_settings(argv, names, cfg, algo_cfg):
     """One line per recipe applied: the values of every flag it names, as the run resolved them (a flag given
-    on the command line shows its own value)."""
+    on the command line shows its own value); then a note for a flag given that does nothing here."""
     values = {**dataclasses.asdict(cfg), **dataclasses.asdict(algo_cfg)}
-    lines = []
     for name in names:
         keys = [k for k in RECIPES[name].settings(cfg.algo) if k in values]
-        lines.append(f"recipe {name}: " + ", ".join(f"--{k.replace('_', '-')} {values[k]}" for k in keys))
-    return lines
+        print(f"recipe {name}: " + ", ".join(f"--{k.replace('_', '-')} {values[k]}" for k in keys))
+    note_compile_decoding(argv, cfg.compile_decoding, default_device())
 
 
 def heldout(model, tok, task, cfg, n, progress=False):
@@ -122,38 +124,89 @@ def heldout(model, tok, task, cfg, n, progress=False):
                     progress=progress)
 
 
+# The log row's name for each held-out metric train.py evaluates every --eval-every steps.
+HELDOUT_LOGGED = {"heldout_pass@1": "pass@1", "heldout_greedy": "greedy_accuracy", "heldout_entropy": "entropy",
+                  "heldout_malformed": "malformed_rate", "heldout_truncated": "truncated_rate"}
+
+
 def main(argv=None):
     cfg, algo_cfg, Algorithm, recipes = parse_args(argv)
+    check_thread_variable()
     set_up_process(default_device())  # every process-wide setting (threads, allocator, logging): minies/runtime
     distributed.init()
     main_rank = distributed.is_main()
+    by_recipe = set_by_recipe(argv, recipes, cfg, algo_cfg)
     if main_rank:
-        for line in describe_settings(recipes, cfg, algo_cfg):
-            print(line)
-    parts = cfg.run_name.replace("\\", "/").split("/") if cfg.run_name is not None else []
-    if cfg.run_name is not None and (os.path.isabs(cfg.run_name) or any(p in ("", ".", "..") for p in parts)):
-        raise UserError(f"--run-name {cfg.run_name}: the run's directory is --out/NAME, so NAME must stay inside "
-                        "--out (no '..', '.', leading '/')")
+        print_settings(argv, recipes, cfg, algo_cfg)
+    check_run_name(cfg.run_name)
     model_config = load_config(cfg.model)  # a missing model is named before anything about its run
     run_dir = os.path.join(cfg.out, cfg.run_name or f"{cfg.algo}-{cfg.task}-seed{cfg.seed}")
     check_writable(run_dir, "--out")
-    resume_from, state = None, None
-    if checkpoint.has_checkpoint(run_dir):
-        if not cfg.resume:
-            raise UserError(f"{run_dir} already holds a run; pass --resume to continue it or --run-name NAME "
-                            "for a new one")
-        resume_from, state, skipped = checkpoint.load_latest(run_dir)
-        if cfg.steps < state["step"]:
-            raise UserError(f"--steps {cfg.steps}: {resume_from} is at step {state['step']} already; pass --steps "
-                            f"{state['step']} or more to continue the run")
-        if skipped and main_rank:
-            print(f"warning: {'; '.join(skipped)}; resuming from {resume_from}", file=sys.stderr)
-    elif main_rank and (cfg.resume or os.path.exists(os.path.join(run_dir, "log.jsonl"))):
-        # Killed before its first checkpoint: nothing to resume, so the run starts again (and its log with it).
-        print(f"note: {run_dir} has no checkpoint; starting it from step 0", file=sys.stderr)
+    resume_from, state = checkpoint_to_resume(run_dir, cfg, by_recipe, main_rank)
 
     torch.manual_seed(cfg.seed)
-    # The prompt style, reward and generation length are resolved here and recorded in config.json.
+    task = make_task(cfg, model_config, main_rank)
+    tok = load_tokenizer(cfg.model)
+    # --resume starts again from the start model too: the training state holds the trained weights (ES's masters,
+    # GRPO's weights or adapters), and the model a checkpoint holds (merged, dequantized) is for eval.py.
+    model = load_model(cfg.model, cfg.dtype, cfg.load_in_8bit)
+    algo = Algorithm(model, tok, task, algo_cfg, chat_template=cfg.chat_template, compile_decoding=cfg.compile_decoding)
+    weight_bound = cfg.max_weight_growth * largest_weight(model)  # of the start model, also when resuming
+
+    if resume_from:
+        check_resumed_settings(run_dir, cfg, algo_cfg, by_recipe)  # every setting resolved, before anything is restored
+        start_step, tokens, before = restore(state, algo)
+    else:
+        start_step, tokens = 0, 0
+        before = heldout(model, tok, task, cfg, cfg.final_samples, main_rank)
+        if main_rank:
+            write_config(run_dir, cfg, algo_cfg, recipes)
+            print("before: " + _fmt(before))
+    log = open_log(run_dir, start_step, resume_from) if main_rank else None
+
+    wall, tied_steps = time.time(), 0
+    bar = tqdm(range(start_step, cfg.steps), initial=start_step, total=cfg.steps, disable=not main_rank,
+               desc=cfg.algo, dynamic_ncols=True)
+    for step in bar:
+        # Each step's prompts and seeds depend only on (seed, step): the same on every rank and after --resume.
+        step_seed = cfg.seed * 1_000_003 + step
+        stats = guarded_step(algo, task, step_seed, step + 1, model, weight_bound)
+        tokens += stats.pop("tokens", 0)
+        tied_steps += bool(stats.get("all_tied"))
+        row = {"step": step + 1, **stats, "tokens": tokens, "seconds": round(time.time() - wall, 2)}
+        if cfg.eval_every and (step + 1) % cfg.eval_every == 0 and step + 1 < cfg.steps:
+            metrics = heldout(model, tok, task, cfg, cfg.eval_samples)
+            row.update({key: metrics[name] for key, name in HELDOUT_LOGGED.items()})
+        if main_rank:
+            append_row(log, row)
+            bar.set_postfix(reward=f"{stats.get('reward_mean', 0):.3f}")
+        if (step + 1) % cfg.save_every == 0 or step + 1 == cfg.steps:
+            save(run_dir, step + 1, algo, tok, {"tokens": tokens, "before": before}, main_rank)
+    bar.close()
+
+    after = heldout(model, tok, task, cfg, before["n"], main_rank)
+    if main_rank:
+        log.close()
+        write_summary(run_dir, before, after, tokens, tied_steps, cfg.steps - start_step)
+    distributed.close()
+
+
+def check_run_name(run_name):
+    parts = run_name.replace("\\", "/").split("/") if run_name is not None else []
+    if run_name is not None and (os.path.isabs(run_name) or any(p in ("", ".", "..") for p in parts)):
+        raise UserError(f"--run-name {run_name}: the run's directory is --out/NAME, so NAME must stay inside "
+                        "--out (no '..', '.', leading '/')")
+
+
+def set_by_recipe(argv, recipes, cfg, algo_cfg):
+    """{setting: "recipe NAME"} for each setting whose value a recipe gave, where the command line gave none."""
+    typed, settings = typed_flags(argv), {**asdict(cfg), **asdict(algo_cfg)}
+    return {key: origin for key, origin in recipe_origins(recipes, cfg.algo, settings).items() if key not in typed}
+
+
+def make_task(cfg, model_config, main_rank):
+    """The task, with the prompt style, reward and generation length resolved into `cfg` (config.json records
+    them), and its notes printed."""
     cfg.prompt_style = prompt_style_for(cfg.prompt_style, model_config)
     task = get_task(cfg.task, seed=cfg.seed, data=cfg.data, prompt_style=cfg.prompt_style,
                     max_new_tokens=cfg.max_new_tokens, eval_data=cfg.eval_data, train_problems=cfg.train_problems,
@@ -164,127 +217,48 @@ def main(argv=None):
     if main_rank:
         for note in task.notes + position_notes(model_config, task.max_new_tokens):
             print(f"note: {note}", file=sys.stderr)
-    tok = load_tokenizer(cfg.model)
-    # --resume starts again from the start model too: the training state holds the trained weights (ES's masters,
-    # GRPO's weights or adapters), and the model a checkpoint holds (merged, dequantized) is for eval.py.
-    model = load_model(cfg.model, cfg.dtype, cfg.load_in_8bit)
-    algo = Algorithm(model, tok, task, algo_cfg, chat_template=cfg.chat_template,
-                     compile_decoding=cfg.compile_decoding)
-    weight_bound = cfg.max_weight_growth * largest_weight(model)  # of the start model, also when resuming
+    return task
 
-    start_step, tokens, before = 0, 0, None
-    if resume_from:
-        check_resumed_settings(run_dir, cfg, algo_cfg)  # every setting resolved, before anything is restored
-        checkpoint.set_rng_state(state["rng"])  # only now: building the algorithm draws from the RNGs
-        algo.load_state_dict(state["algorithm"])
-        start_step, tokens, before = state["step"], state["tokens"], state["before"]
-        state = None  # applied: free its tensors (a real model's optimizer state takes GBs)
-    else:
-        before = heldout(model, tok, task, cfg, cfg.final_samples, main_rank)
-        if main_rank:
-            os.makedirs(run_dir, exist_ok=True)
-            with written(os.path.join(run_dir, "config.json")) as f:
-                json.dump({"train": asdict(cfg), cfg.algo: asdict(algo_cfg), "recipes": recipes}, f, indent=1)
-            print("before: " + _fmt(before))
 
-    if main_rank and resume_from:  # drop the steps after the checkpoint, and what a crash left of a line
-        for warning in checkpoint.truncate_log(os.path.join(run_dir, "log.jsonl"), start_step):
-            print(f"warning: {warning}", file=sys.stderr)
-    log = open(os.path.join(run_dir, "log.jsonl"), "a" if resume_from else "w") if main_rank else None
-    wall, tied_steps = time.time(), 0
-    bar = tqdm(range(start_step, cfg.steps), initial=start_step, total=cfg.steps, disable=not main_rank,
-               desc=cfg.algo, dynamic_ncols=True)
-    for step in bar:
-        # Each step's prompts and seeds depend only on (seed, step): the same on every rank and after --resume.
-        step_seed = cfg.seed * 1_000_003 + step
-        problems = task.train_problems(algo.prompts_per_step, seed=step_seed)
-        try:
-            stats = algo.step(problems, step_seed)
-            check_weights(model, weight_bound)  # before this step is logged or saved: every checkpoint stays good
-        except Diverged as e:
-            raise Diverged(e.what, step + 1, e.why) from None
-        tokens += stats.pop("tokens", 0)
-        tied_steps += bool(stats.get("all_tied"))
-        row = {"step": step + 1, **stats, "tokens": tokens, "seconds": round(time.time() - wall, 2)}
-        if cfg.eval_every and (step + 1) % cfg.eval_every == 0 and step + 1 < cfg.steps:
-            metrics = heldout(model, tok, task, cfg, cfg.eval_samples)
-            row["heldout_pass@1"], row["heldout_greedy"] = metrics["pass@1"], metrics["greedy_accuracy"]
-            row["heldout_entropy"], row["heldout_malformed"] = metrics["entropy"], metrics["malformed_rate"]
-            row["heldout_truncated"] = metrics["truncated_rate"]
-        if main_rank:
-            with written(log.name, log) as f:
-                f.write(json.dumps(row) + "\n")
-                f.flush()
-            bar.set_postfix(reward=f"{stats.get('reward_mean', 0):.3f}")
-        if (step + 1) % cfg.save_every == 0 or step + 1 == cfg.steps:
-            if main_rank:
-                checkpoint.save(run_dir, step + 1, algo.model_to_save(), tok,
-                                {"algorithm": algo.state_dict(), "tokens": tokens, "before": before})
-            distributed.barrier()
-    bar.close()
+def write_config(run_dir, cfg, algo_cfg, recipes):
+    os.makedirs(run_dir, exist_ok=True)
+    with written(os.path.join(run_dir, "config.json")) as f:
+        json.dump({"train": asdict(cfg), cfg.algo: asdict(algo_cfg), "recipes": recipes}, f, indent=1)
 
-    after = heldout(model, tok, task, cfg, before["n"], main_rank)
+
+def guarded_step(algo, task, step_seed, step, model, weight_bound):
+    """The algorithm's step number `step`, its weights checked before the step is logged or saved: every
+    checkpoint stays good."""
+    try:
+        stats = algo.step(task.train_problems(algo.prompts_per_step, seed=step_seed), step_seed)
+        check_weights(model, weight_bound)
+    except Diverged as e:
+        raise Diverged(e.what, step, e.why) from None
+    return stats
+
+
+def save(run_dir, step, algo, tok, progress, main_rank):
+    """Checkpoint `step` (written by the main process; every process waits for it)."""
     if main_rank:
-        log.close()
-        with written(os.path.join(run_dir, "summary.json")) as f:
-            json.dump({"before": before, "after": after, "tokens": tokens}, f, indent=1)
-        print("before: " + _fmt(before))
-        print("after:  " + _fmt(after))
-        if tied_steps and tied_steps == cfg.steps - start_step:
-            print(f"note: every member tied at every one of the {tied_steps} steps run: ES had no difference to "
-                  "follow and the weights did not move (another --sigma, more --prompts-per-step?)", file=sys.stderr)
-        print(f"run directory: {run_dir}")
-    distributed.close()
+        checkpoint.save(run_dir, step, algo.model_to_save(), tok, {"algorithm": algo.state_dict(), **progress})
+    distributed.barrier()
 
 
-# Settings a resumed run may change: how long it runs, how often it evaluates and saves, where (not how) ES
-# keeps its masters, and whether decoding is compiled. Any other difference would continue one run with the
-# settings of another.
-MAY_CHANGE_ON_RESUME = {"steps", "eval_every", "save_every", "resume", "out", "run_name", "master_device",
-                        "compile_decoding"}
+def append_row(log, row):
+    with written(log.name, log) as f:
+        f.write(json.dumps(row) + "\n")
+        f.flush()
 
 
-def check_resumed_settings(run_dir, cfg, algo_cfg):
-    """A UserError naming every setting of this command line that differs from the run's config.json, with
-    the recorded value (paths compared as the directories or files they name)."""
-    path = os.path.join(run_dir, "config.json")
-    try:
-        with open(path) as f:
-            recorded = json.load(f)
-        recorded_train = recorded["train"]
-    except (OSError, ValueError, KeyError, TypeError):
-        raise UserError(f"{path} is missing or unreadable: --resume cannot check what it continues; restore it, "
-                        "or pass --run-name NAME for a new run") from None
-    if cfg.algo not in recorded:
-        raise UserError(f"--algo {cfg.algo}: {run_dir} was trained with --algo {recorded_train.get('algo')}")
-
-    def same(key, a, b):
-        if isinstance(a, str) and isinstance(b, str) and key in ("model", "data", "eval_data"):
-            return os.path.realpath(os.path.expanduser(a)) == os.path.realpath(os.path.expanduser(b))
-        return a == b
-
-    differences = [f"--{key.replace('_', '-')} {now} (the run has {recorded_part.get(key)})"
-                   for recorded_part, settings in ((recorded_train, asdict(cfg)), (recorded[cfg.algo], asdict(algo_cfg)))
-                   for key, now in settings.items()
-                   if key not in MAY_CHANGE_ON_RESUME and not same(key, now, recorded_part.get(key))]
-    if differences:
-        raise UserError(f"--resume continues {run_dir} with its own settings, but this command differs: "
-                        f"{'; '.join(differences)}; drop those flags, or pass --run-name NAME for a new run")
-
-
-@contextlib.contextmanager
-def written(path, opened=None):
-    """Open `path` for writing (or use the already `opened` file); a full disk or a file-size limit becomes one
-    line naming the file."""
-    try:
-        if opened is not None:
-            yield opened
-        else:
-            with open(path, "w") as f:
-                yield f
-    except OSError as e:
-        raise UserError(f"could not write {path} ({e.strerror}); free some space and pass --resume to continue "
-                        "from the last checkpoint") from None
+def write_summary(run_dir, before, after, tokens, tied_steps, steps_run):
+    with written(os.path.join(run_dir, "summary.json")) as f:
+        json.dump({"before": before, "after": after, "tokens": tokens}, f, indent=1)
+    print("before: " + _fmt(before))
+    print("after:  " + _fmt(after))
+    if tied_steps and tied_steps == steps_run:
+        print(f"note: every member tied at every one of the {tied_steps} steps run: ES had no difference to "
+              "follow and the weights did not move (another --sigma, more --prompts-per-step?)", file=sys.stderr)
+    print(f"run directory: {run_dir}")
 
 
 def _fmt(metrics):

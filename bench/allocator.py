@@ -65,7 +65,7 @@ def child(args, setting):
     if args.lowrank_members:
         es = make_es(config, model, tok, task, "lowrank")
         members = member_seeds(0, k, True)
-        result["lowrank_s"] = fastest(lambda: es.rollout_members(members, problems, 0))
+        result["lowrank_s"] = fastest(lambda: es.score(members, problems, 0))
     result["peak_mib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     return result
 

@@ -2,6 +2,7 @@
 
     python -m bench.es                              # the shipped model, ES defaults (N=32, P=256)
     python -m bench.es --model qwen0.5b-random      # a random model with Qwen2.5-0.5B's shape (no download)
+    python -m bench.es --model smollm2-135m --population 30 --prompts 16   # a real model (any name or path)
     python -m bench.es --dtype bfloat16 --load-in-8bit ...
 
 Every number is measured in this one run, side by side, and printed as ratios:
@@ -43,7 +44,7 @@ from minies.runtime import set_up_process
 from minies.config import TaskOptions, add_arguments, from_args, option, option_of
 from minies.es import ES, ESConfig, ScoredRollouts, member_seeds
 from minies.models import SHIPPED_MODEL, contiguous_head_input, default_device, load_model, load_tokenizer, model_device
-from minies.recipes import prompt_style_for
+from minies.recipes import RECIPES, own_recipe, prompt_style_for
 from minies.perturbed import noise
 from minies.runtime.placement import choose_mode
 from minies.rollout import format_prompts, generate
@@ -53,7 +54,7 @@ from train import TrainConfig
 
 @dataclass
 class BenchConfig:
-    model: str = option("shipped", "model under test", choices=["shipped", "qwen0.5b-random"])
+    model: str = option("shipped", "model under test: shipped, qwen0.5b-random, or any name or path --model takes")
     dtype: str = option_of(TrainConfig, "dtype")
     load_in_8bit: bool = option_of(TrainConfig, "load_in_8bit")
     population: int = option(32, "ES members per step (N)")
@@ -72,7 +73,7 @@ def build(args):
     """The model, tokenizer and ES config under test. The random model reuses the shipped tokenizer: its
     ids fall inside Qwen's vocabulary, ids it has no character for decode to nothing, and a random model
     almost never emits EOS, so every row generates exactly max_new_tokens tokens."""
-    tok = load_tokenizer(SHIPPED_MODEL)
+    tok = load_tokenizer(model_name(args))
     if args.model == "qwen0.5b-random":
         from transformers import AutoModelForCausalLM, BitsAndBytesConfig, Qwen2Config
         torch.manual_seed(0)
@@ -88,15 +89,28 @@ def build(args):
             model = model.cuda()
         contiguous_head_input(model)  # as load_model does
     else:
-        model = load_model(SHIPPED_MODEL, args.dtype, args.load_in_8bit)
+        model = load_model(model_name(args), args.dtype, args.load_in_8bit)
     model.eval()
     return model, tok
+
+
+def model_name(args):
+    """What load_model and load_tokenizer read for --model (the random model borrows the shipped tokenizer)."""
+    return SHIPPED_MODEL if args.model in ("shipped", "qwen0.5b-random") else args.model
+
+
+def prompt_style(args, model):
+    """--prompt-style, or for auto the model's own recipe's style (SmolLM2's: equation), else the model's."""
+    recipe = RECIPES.get(own_recipe(model_name(args))) if args.model != "qwen0.5b-random" else None
+    if args.prompt_style == "auto" and recipe and "prompt_style" in recipe.values:
+        return recipe.values["prompt_style"][0]
+    return prompt_style_for(args.prompt_style, model.config)
 
 
 def bench_task(args, model):
     """The task every measurement uses (arithmetic in the model's prompt style, completions capped at
     --new-tokens) and its P training problems."""
-    task = get_task("arithmetic", prompt_style=prompt_style_for(args.prompt_style, model.config),
+    task = get_task("arithmetic", prompt_style=prompt_style(args, model),
                     max_new_tokens=args.new_tokens)
     return task, task.train_problems(args.prompts, seed=1)
 
@@ -219,7 +233,7 @@ def speed(args):
             es.rollout = stubbed_rollout(iter(np.tile(np.linspace(0, 1, args.population), args.repeats)))
             overhead_s, _ = timed(lambda: es.step(problems, seed=0), model, args.repeats)
             result[mode].update(overhead=overhead_s / score_s, overhead_s=overhead_s, score_s=score_s,
-                                noise_s=noise_s, noise_cache=es.population.noise.cached, copy_s=copy_s,
+                                noise_s=noise_s, noise_cache=es.step_noise is not None, copy_s=copy_s,
                                 masters=es.config.master_device, weights=sum(t.param.numel() for t in es.tensors))
         for t, t0 in zip(es.tensors, es.theta0):  # undo this mode's steps before measuring the next one
             t.master.copy_(t0)

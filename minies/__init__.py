@@ -1,6 +1,7 @@
 """minies: Evolution Strategies, GRPO and 3PO for RL with verifiable rewards, small enough to read."""
 import argparse
 import os
+import re
 import sys
 
 
@@ -21,6 +22,37 @@ class ArgumentParser(argparse.ArgumentParser):
 
     def error(self, message):
         self.exit(2, f"error: {message}; see --help\n")
+
+
+def typed_flags(argv=None):
+    """The settings a command line names (`--lr-scale 2`, `--lr-scale=2`: lr_scale; `--no-greedy`: greedy),
+    `argv` or else sys.argv's: a note or a refusal can then tell a value typed from a default or a recipe's.
+    Reading the words is exact because no flag may be abbreviated (ArgumentParser)."""
+    words = sys.argv[1:] if argv is None else map(str, argv)
+    names = {word[2:].split("=")[0] for word in words if word.startswith("--")}
+    return {name.removeprefix("no-").replace("-", "_") for name in names}
+
+
+def check_thread_variable():
+    """A UserError for an OMP_NUM_THREADS that OpenMP cannot read. libgomp ignores it (and says so on loading,
+    before any script code runs): the run would take every core, and minies' load following, which yields to
+    the variable whenever it is set (minies/runtime/threads.py), would stay off: a thread count nobody chose."""
+    value = os.environ.get("OMP_NUM_THREADS")
+    # OpenMP's grammar: a positive count, or a comma-separated count per nesting level.
+    if value is not None and not all(re.fullmatch(r"\s*\+?[0-9]+\s*", part) and int(part) > 0
+                                     for part in value.split(",")):
+        raise UserError(f"OMP_NUM_THREADS={value!r} is not a number of threads; set it to a whole number >= 1 "
+                        "(OMP_NUM_THREADS=2: two threads), or unset it to run on the cores other programs leave free")
+
+
+def note_compile_decoding(argv, compile_decoding, device):
+    """One note when --compile-decoding is given on a machine where decoding is not compiled. On by default, it
+    says nothing: a default that does nothing here asks nothing of the user."""
+    from minies.runtime.decoding import DEVICES  # here, not above: minies.runtime imports this module
+
+    if compile_decoding and "compile_decoding" in typed_flags(argv) and device.type not in DEVICES:
+        print("note: --compile-decoding does nothing here: decoding is compiled only on CUDA, and this machine "
+              "decodes eagerly on its CPU (minies/runtime/decoding.py)", file=sys.stderr)
 
 
 def check_writable(directory, flag):

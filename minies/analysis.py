@@ -14,6 +14,7 @@ import torch
 from minies.metrics import average_ranks, mean_pass_at_k
 
 LAYER_TYPES = ("embedding", "attention", "mlp", "norm", "other")
+DRIFT_CHUNK = 2**18  # elements per chunk of squared_distance(): 1 MB of fp32, cache-sized
 # First match wins. Norms come before attention because "post_attention_layernorm" names a norm, and
 # Qwen3's "self_attn.q_norm" is one too; the output head counts as an (output) embedding.
 _LAYER_PATTERNS = (("embedding", re.compile(r"embed|lm_head|\bwte\b|\bwpe\b")),
@@ -103,13 +104,34 @@ def drift(theta0, theta):
 
     theta0 and theta map parameter names to tensors of equal shapes. Each tensor must appear once: pass
     dict(model.named_parameters()), not a state_dict, in which tied weights (embedding and output head)
-    appear under two names and would count twice. Norms are computed in float64.
+    appear under two names and would count twice. The differences are taken in float64, as the weights may
+    be of any dtype.
     """
     _check_same_names(theta0, theta)
-    squares = dict.fromkeys(LAYER_TYPES, 0.0)
-    for name in theta0:
-        squares[layer_type(name)] += float((theta[name].double() - theta0[name].double()).pow(2).sum())
+    squares = {kind: squared_distance([theta0[n] for n in theta0 if layer_type(n) == kind],
+                                      [theta[n] for n in theta0 if layer_type(n) == kind], torch.float64)
+               for kind in LAYER_TYPES}
     return {"total": math.sqrt(sum(squares.values())), **{k: math.sqrt(v) for k, v in squares.items()}}
+
+
+@torch.no_grad()
+def squared_distance(theta0, theta, dtype=torch.float32):
+    """‖θ − θ0‖² over the paired tensors of the lists `theta0` and `theta`, as a float: drift's, and that of
+    ES's log (minies/es.py). Each difference is taken where θ is, in `dtype`, a chunk of DRIFT_CHUNK elements
+    at a time, written into one reused buffer and squared there: a whole tensor's difference would be a
+    temporary as large as the tensor (docs/speed.md). The chunks' sums are added in float64. θ0's chunks
+    stream to θ's device (asynchronously from pinned memory), and the caller waits once, for the total.
+    The dtypes differ by use: ES's log runs every step on its fp32 masters, so in float32 where they live;
+    drift runs once, on weights of any dtype, so in float64."""
+    squares, buffer = [], None
+    for t0, t in zip(theta0, theta):
+        if buffer is None or buffer.device != t.device:
+            buffer = torch.empty(DRIFT_CHUNK, dtype=dtype, device=t.device)
+        for chunk, chunk0 in zip(t.reshape(-1).split(DRIFT_CHUNK), t0.reshape(-1).split(DRIFT_CHUNK)):
+            difference = torch.sub(chunk.to(dtype), chunk0.to(t.device, dtype, non_blocking=True),
+                                   out=buffer[:chunk.numel()])
+            squares.append(difference.mul_(difference).sum())
+    return float(torch.stack(squares).double().sum()) if squares else 0.0
 
 
 def sparsified(theta0, theta, keep_fraction):

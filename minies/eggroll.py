@@ -33,9 +33,9 @@ from minies.perturbed import noise
 
 
 class LowRankPopulation:
-    """Lowrank ES's population: k members scored together in one batch, their noise added by forward hooks;
-    the update one matmul per matrix. Shares its interface with perturbed.InPlacePopulation: score_members,
-    add_update, end_step."""
+    """Lowrank ES's population: k members scored together in one batch, their noise added by forward hooks
+    (score_members); the update one matmul per matrix (add_update, in-place ES's PerturbedTensor.add_update
+    for a matrix)."""
 
     def __init__(self, model, tensors, rank):
         """`tensors`: the ES's PerturbedTensors; this mode keeps the weight matrices among them."""

@@ -4,38 +4,27 @@ One step, with N members, noise scale σ and step size α (docs/papers.md, "ES")
 
     for n = 1..N:   θ_n = θ + σ·ε_n          ε_n ~ N(0, I), regenerated from (seed_n, tensor index)
                     R_n = mean reward of the model θ_n on the step's prompts
-    z = normalize(R)                          centered ranks (default) or z-scores
+    z = normalize(R)                          centered ranks or z-scores (--normalize)
     θ ← θ + α · (1/N) · Σ_n z_n ε_n          (1/σ is folded into α)
 
-Antithetic sampling uses mirrored pairs ε_{2k+1} = −ε_{2k}, which cancels the even part of the
-reward landscape from the estimate. No noise needs storing: every ε_n is regenerated from its seed,
-once to perturb and once for the update (where a mirrored pair's two terms merge into one, (z_{2k} −
-z_{2k+1})·ε_{2k}), one parameter tensor at a time, on that tensor's device. On a CPU, where drawing ε
-costs more than everything else a write does, a step keeps each ε it drew in host memory when all of the
-step's noise fits in 1 GiB, so each is drawn once per step, not three times, and in the background
-while the member before is scored (StepNoise, minies/perturbed.py); every result is the same either way.
+No noise is stored: each ε_n is regenerated from its seed, once to perturb and once for the update.
+Mirrored pairs (--antithetic) ε_{2k+1} = −ε_{2k} cancel the even part of the reward landscape from the
+estimate, and a pair's two update terms merge into one, (z_{2k} − z_{2k+1})·ε_{2k}. Centered ranks
+ignore how far apart the rewards are (one outlier member cannot dominate); z-scores keep it.
+The model's weights are only ever written from fp32 masters, clean = cast(master) and perturbed =
+cast(master + σ·ε), so restoring is bit-exact in every dtype, 8-bit included (minies/perturbed.py).
 
-Exact restore and lossless updates: each perturbed tensor keeps an fp32 master copy, and the model's
-tensor is only ever written from it (clean = cast(master), perturbed = cast(master + σ·ε)), in bf16 and
-in 8-bit alike; minies/perturbed.py explains why and how.
+Two modes (--mode). `inplace` writes each member's weights into the model and scores the members one
+after another (ES.score). `lowrank` (EGGROLL, minies/eggroll.py) adds rank-r noise in the forward pass,
+so several members generate in one batch; its update goes into the same masters. `auto` picks lowrank
+when a generate call holds two members or more (minies/runtime/placement.py), else in place, and in place
+when --params names no weight matrix.
 
-Two ways to score the population (--mode), each a population object with one interface (score_members,
-add_update, end_step), so that the step below reads the same for both. `inplace` (InPlacePopulation,
-minies/perturbed.py, as above) writes each member's weights into the model and scores the members one
-after another. `lowrank` (EGGROLL, LowRankPopulation, minies/eggroll.py) never modifies the weights while
-scoring: each member's noise is a rank-r matrix added in the forward pass, so several members generate
-together in one batch; the update is the same as in place, into the same fp32 masters. `--mode auto` (the
-default) picks the faster one for the batch shape (minies/runtime/placement.py): lowrank when a generate call
-holds two members or more, else in place. Lowrank perturbs only the weight matrices that --params names,
-so auto stays in place when --params names none. The shipped models and the qiu2025 recipe name
-`inplace`, the mode their settings were tuned and their results measured in.
+Distributed: member n is scored on rank n mod P; the N rewards are summed with one all-reduce and every
+rank applies the same update, so the replicas stay identical without exchanging weights.
 
-Distributed: member n is scored on rank n mod P (a static split, so runs are reproducible); the N
-rewards are summed with one all-reduce; every rank then applies the same update to its own replica, so
-the weights stay identical without ever being communicated.
-
-The step's log row (diversity, fitness SNR, drift, int8 clamps, speed) is computed by
-minies/es_log.py from what the step saw, once, after the update.
+The step's log row is minies/es_log.py's. What makes the step fast and what it keeps in memory (the
+step's noise kept on a CPU, where the masters live): docs/speed.md.
 """
 import re
 import time
@@ -51,11 +40,12 @@ from torch.profiler import record_function
 from minies import UserError, lora
 from minies.runtime import distributed
 from minies.config import option
+from minies.analysis import squared_distance
 from minies.eggroll import LowRankPopulation, matrix_modules
 from minies.es_log import step_log
 from minies.metrics import average_ranks
 from minies.models import int8_row_scales, model_device
-from minies.perturbed import InPlacePopulation, PerturbedTensor
+from minies.perturbed import PerturbedTensor, StepNoise
 from minies.runtime.placement import choose_mode, master_device
 from minies.recipes import QIU
 from minies.rollout import encode, generate
@@ -94,14 +84,21 @@ class ESConfig:
                                 choices=["auto", "cpu", "cuda"])
 
 
+def check_config(config):
+    """Refuse, once and before anything is built, a population ES cannot rank and a step too large to run."""
+    if config.population < 2:
+        raise UserError(f"--population {config.population}: ES ranks members against each other; it needs at least 2")
+    if config.antithetic and config.population % 2:
+        raise UserError(f"--population {config.population}: must be even with --antithetic")
+    if config.population * config.prompts_per_step > 10**6:
+        raise UserError(f"--population {config.population} × --prompts-per-step {config.prompts_per_step}: over a "
+                        "million completions a step; lower one of them")
+
+
 def member_seeds(step_seed, population, antithetic):
     """(seed, sign) of each member; the seeds depend only on the step's seed."""
     rng = np.random.default_rng(step_seed)
-    if population < 2:
-        raise UserError(f"--population {population}: ES ranks members against each other; it needs at least 2")
     if antithetic:
-        if population % 2:
-            raise UserError(f"--population {population}: must be even with --antithetic")
         return [(int(s), sign) for s in rng.integers(0, 2**62, population // 2) for sign in (1.0, -1.0)]
     return [(int(s), 1.0) for s in rng.integers(0, 2**62, population)]
 
@@ -142,6 +139,27 @@ def mean_rewards(rollouts, population):
     return distributed.all_reduce_sum(rewards).numpy()
 
 
+def perturbed_tensors(model, config):
+    """A PerturbedTensor for each parameter --params names, its fp32 master where --master-device says
+    (runtime/placement.master_device). Resolves config.master_device to that place, so that config.json,
+    which train.py writes after building ES, records it."""
+    owner = {id(p): m for m in model.modules() for p in m.parameters(recurse=False)}
+    pattern = re.compile(config.params)
+    chosen = [(i, name, p) for i, (name, p) in enumerate(model.named_parameters()) if pattern.search(name)]
+    masters = master_device(config.master_device, model_device(model), sum(p.numel() for _, _, p in chosen))
+    config.master_device = masters.type
+    return [PerturbedTensor(i, name, p, owner[id(p)], masters) for i, name, p in chosen]
+
+
+def resolve_mode(config, model, tensors):
+    """Resolve --mode auto in `config` (config.json records the mode that ran): lowrank when a generate call
+    holds two members or more (runtime/placement.choose_mode), but in place when --params names no weight
+    matrix, as lowrank would have nothing to perturb."""
+    if config.mode == "auto":
+        config.mode = "inplace" if not matrix_modules(model, tensors) else choose_mode(
+            config.prompts_per_step, -(-config.population // distributed.world_size()), config.micro_batch)
+
+
 class ES:
     """ES's step (module docstring), its parts marked with torch.profiler ranges (es.rollout, es.update)
     for bench/es.py."""
@@ -149,39 +167,25 @@ class ES:
     default_steps = 500  # Qiu et al. 2025's NUM_ITERATIONS; the shipped models' recipes set their own
 
     def __init__(self, model, tokenizer, task, config, chat_template=True, compile_decoding=True):
+        check_config(config)  # a bad --population fails now, not after an evaluation
         self.model, self.tokenizer, self.task, self.config = model, tokenizer, task, config
         self.chat_template, self.compile_decoding = chat_template, compile_decoding
         self.prompts_per_step = config.prompts_per_step
-        member_seeds(0, config.population, config.antithetic)  # a bad --population fails now, not after an evaluation
-        if config.population * config.prompts_per_step > 10**6:
-            raise UserError(f"--population {config.population} × --prompts-per-step {config.prompts_per_step}: over a "
-                            "million completions a step; lower one of them")
-        owner = {id(p): m for m in model.modules() for p in m.parameters(recurse=False)}
-        pattern = re.compile(config.params)
-        chosen = [(i, name, p) for i, (name, p) in enumerate(model.named_parameters()) if pattern.search(name)]
-        device = model_device(model)
-        masters = master_device(config.master_device, device, sum(p.numel() for _, _, p in chosen))
-        config.master_device = masters.type
-        tensors = [PerturbedTensor(i, name, p, owner[id(p)], masters) for i, name, p in chosen]
-        if config.mode == "auto":  # resolved here, so config.json records the mode that ran
-            # In place when --params names no weight matrix: lowrank would have nothing to perturb.
-            config.mode = "inplace" if not matrix_modules(model, tensors) else choose_mode(
-                config.prompts_per_step, -(-config.population // distributed.world_size()), config.micro_batch)
-        if config.mode == "lowrank":  # built before θ0 is copied: the float32 masters it shares are freed first
-            self.population = LowRankPopulation(model, tensors, config.rank)
-        else:
-            seeds = config.population // 2 if config.antithetic else config.population
-            self.population = InPlacePopulation(tensors, seeds, device)
-        self.tensors = self.population.tensors
+        tensors = perturbed_tensors(model, config)
+        resolve_mode(config, model, tensors)
+        # Built before θ0 is copied: the float32 masters lowrank shares with the params are freed first.
+        self.lowrank = LowRankPopulation(model, tensors, config.rank) if config.mode == "lowrank" else None
+        self.tensors = self.lowrank.tensors if self.lowrank else tensors
         if not self.tensors:
-            lowrank = " that lowrank mode perturbs (weights of Linear and embedding layers)"
-            in_mode = lowrank if config.mode == "lowrank" else ""
+            in_mode = " that lowrank mode perturbs (weights of Linear and embedding layers)" if self.lowrank else ""
             raise UserError(f"--params {config.params!r} matches no parameter of the model{in_mode}")
+        # An optional speed layer: in place on a CPU, the step's ε kept once drawn (minies/perturbed.py).
+        seeds = config.population // 2 if config.antithetic else config.population
+        self.step_noise = None if self.lowrank else StepNoise.when_it_pays(self.tensors, seeds, model_device(model))
         # θ0 for the drift log, in host memory (pinned when the masters are on CUDA: the drift streams it there)
-        self.theta0 = [torch.empty(t.master.shape, pin_memory=masters.type == "cuda").copy_(t.master)
+        self.theta0 = [torch.empty(t.master.shape, pin_memory=config.master_device == "cuda").copy_(t.master)
                        for t in self.tensors]
-        for p in model.parameters():
-            p.requires_grad_(False)  # ES never needs gradients; this also keeps generate cheap
+        model.requires_grad_(False)  # ES never needs gradients; this also keeps generate cheap
 
     @torch.no_grad()
     def step(self, problems, seed):
@@ -189,13 +193,41 @@ class ES:
         step's log row (minies/es_log.py)."""
         members = member_seeds(seed, self.config.population, self.config.antithetic)
         started = time.time()
-        rollouts = self.rollout_members(members, problems, seed)  # this rank's share: {n: ScoredRollouts}
+        rollouts, int8_clamps = self.score(members, problems, seed)  # this rank's share: {n: ScoredRollouts}
         scored = time.time()
         rewards = mean_rewards(rollouts, len(members))  # R_n of every member, over all ranks
         z = normalize_rewards(rewards, self.config.normalize)
         update_norm = self.update(members, z)
-        self.population.end_step()
-        return step_log(self, rollouts, rewards, z, update_norm, started, scored)
+        for kept in (self.lowrank, self.step_noise):  # forget the step's noise: the next step's seeds differ
+            if kept:
+                kept.end_step()
+        drift = squared_distance(self.theta0, [t.master for t in self.tensors]) ** 0.5  # ‖θ − θ0‖
+        return step_log(rollouts, rewards, z, update_norm, drift, int8_clamps, started, scored)
+
+    def score(self, members, problems, seed):
+        """({n: ScoredRollouts} of each member n in this rank's share, its int8 clamps for the log). In place:
+        each member in turn, θ + sign·σ·ε written into the model, then scored; θ written back after the last.
+        Common random numbers: every member is scored on the same prompts with the same sampling seed."""
+        mine = [(n, members[n]) for n in distributed.shard(list(range(len(members))))]
+        prompts = self.tokenize_prompts(problems)
+        if self.lowrank:  # k members per generate call, each row block at its own θ + sign·σ·E (minies/eggroll.py)
+            rollout = partial(self.rollout, problems, prompts, seed)  # rollout(copies, micro_batch)
+            return dict(self.lowrank.score_members(mine, self.config.sigma, rollout, len(problems),
+                                                   self.config.micro_batch)), None
+        rollouts, clamped = {}, 0
+        for i, (n, (member_seed, sign)) in enumerate(mine):
+            for t in self.tensors:  # perturb: cast(master + sign·σ·ε), counting the int8 elements clamped to ±127
+                clamped += t.write_perturbed(member_seed, sign, self.config.sigma, self.step_noise)
+            if self.step_noise and i + 1 < len(mine):  # draw the next member's ε while this one is scored
+                _, (next_seed, _) = mine[i + 1]
+                self.step_noise.prefetch(next_seed)
+            # score: the member generates alone (its weights are the model's), in calls of --micro-batch rows
+            rollouts[n] = self.rollout(problems, prompts, seed, 1, self.config.micro_batch)[0]
+        # Restore, once: each member's weights were written from the masters, not added to the member's before.
+        for t in self.tensors:
+            t.write_clean()
+        int8 = sum(t.param.numel() for t in self.tensors if t.int8)  # the int8 elements each member writes
+        return rollouts, ((clamped, int8) if int8 else None)
 
     @record_function("es.update")
     def update(self, members, z):
@@ -210,19 +242,11 @@ class ES:
         if not terms:  # every reward tied: no signal, no step
             return 0.0
         update_sq, scale = 0.0, self.config.alpha / len(members)
-        for t in self.tensors:
-            update_sq += self.population.add_update(t, terms, scale)  # master += scale·Σ c·ε, returns ‖that‖²
+        for t in self.tensors:  # master += scale·Σ c·ε (lowrank: Σ c·E, one matmul), each returning ‖that‖²
+            update_sq += self.lowrank.add_update(t, terms, scale) if self.lowrank else t.add_update(
+                terms, scale, self.step_noise)
             t.write_clean()
         return update_sq ** 0.5
-
-    def rollout_members(self, members, problems, seed):
-        """{n: ScoredRollouts} of each member n in this rank's share on `problems`, as the population scores
-        them. Common random numbers: every member is scored on the same prompts with the same sampling seed."""
-        mine = [(n, members[n]) for n in distributed.shard(list(range(len(members))))]
-        prompts = self.tokenize_prompts(problems)
-        rollout = partial(self.rollout, problems, prompts, seed)  # rollout(copies, micro_batch)
-        return dict(self.population.score_members(mine, self.config.sigma, rollout, len(problems),
-                                                  self.config.micro_batch))
 
     def tokenize_prompts(self, problems):
         """The prompts of `problems`, chat-formatted and tokenized (rollout.encode): once per step, as every
@@ -234,7 +258,7 @@ class ES:
     def rollout(self, problems, prompts, seed, copies, micro_batch):
         """The model's completions of `copies` copies of `problems` (`prompts`: their tokenize_prompts), stacked
         member-major, in generate calls of `micro_batch` rows, each scored by the task: one ScoredRollouts per
-        copy. The population has set the weights each copy runs at (written into the model, or hooked)."""
+        copy, at the weights ES.score has set for it (written into the model, or hooked)."""
         batch = {name: value.repeat(copies, 1) for name, value in prompts.items()}
         r = generate(self.model, self.tokenizer, batch, self.task.max_new_tokens, self.config.temperature,
                      greedy=self.config.greedy, micro_batch=micro_batch, seed=seed,

@@ -1,7 +1,7 @@
 """The log row of an ES step: what the population's rollouts show beyond the rewards the update uses.
 
-ES.step calls step_log once, after its update, on every rank; nothing here feeds back into the
-algorithm. The row holds the members' rewards, how far their spread stands above the noise of measuring
+ES.step calls step_log once, after its update, on every rank, with what the step measured and counted;
+the log only reads it, and nothing here feeds back into the algorithm. The row holds the members' rewards, how far their spread stands above the noise of measuring
 one member (fitness_snr), how differently they answer (js_diversity, minies/analysis.py), the share of
 truncated completions, with in-place 8-bit scoring the share of int8 weights the perturbations clamp, the
 update's norm, the drift ‖θ − θ0‖, and the step's speed.
@@ -14,25 +14,20 @@ import torch
 from minies.runtime import distributed
 from minies.analysis import answer_outcome, js_diversity
 
-DRIFT_CHUNK = 2**18  # elements per chunk of drift(): 1 MB of fp32, cache-sized
 
-
-def step_log(es, rollouts, rewards, z, update_norm, started, scored):
-    """`rollouts`: {n: Rollouts} of this rank's members; `rewards`: every member's mean reward R_n; `z`:
-    their normalized values; `update_norm`: ‖Δθ‖; `started`, `scored`: the time.time() at which the step
-    started and this rank's scoring ended. Sums over ranks (an all-reduce and a gather), so every rank
-    calls it."""
+def step_log(rollouts, rewards, z, update_norm, drift, int8_clamps, started, scored):
+    """`rollouts`: {n: ScoredRollouts} of this rank's members; `rewards`: every member's mean reward R_n; `z`:
+    their normalized values; `update_norm`: ‖Δθ‖; `drift`: ‖θ − θ0‖; `int8_clamps`: with int8 weights scored
+    in place, (the int8 elements this rank's perturbed writes clamped to ±127, the int8 elements each member
+    writes), else None; `started`, `scored`: the time.time() at which the step started and this rank's
+    scoring ended. Sums over ranks (an all-reduce and a gather), so every rank calls it."""
     errors = torch.zeros(len(rewards), dtype=torch.float64)  # standard error of each member's mean reward
     counts = torch.zeros(3, dtype=torch.float64)  # over this rank's members: tokens, truncated, clamped int8
     for n, r in rollouts.items():
         per_prompt = r.rewards
         errors[n] = per_prompt.std() / np.sqrt(len(per_prompt))
         counts += torch.tensor([r.lengths.sum(), r.truncated.sum(), 0.0], dtype=torch.float64)
-    # Only in-place scoring writes perturbed int8 weights; lowrank adds its noise in the forward pass.
-    int8 = [t for t in es.tensors if t.int8] if es.config.mode == "inplace" else []
-    counts[2] = sum(t.clamped for t in int8)
-    for t in int8:
-        t.clamped = 0  # read: the next step counts its own writes
+    counts[2] = int8_clamps[0] if int8_clamps else 0
     for x in (errors, counts):
         distributed.all_reduce_sum(x)
     outcomes = {n: [answer_outcome(s) for s in r.scores] for n, r in rollouts.items()}
@@ -50,25 +45,11 @@ def step_log(es, rollouts, rewards, z, update_norm, started, scored):
         "js_diversity": js_diversity([[[label] for label in outcomes[n]] for n in sorted(outcomes)])
         if len(outcomes) > 1 else 0.0,
         "truncated_rate": truncated / completions,  # cut off at max_new_tokens: a reasoning trace cut short
-        **({"int8_clamped": clamped / (len(rewards) * sum(t.param.numel() for t in int8))} if int8 else {}),
-        "update_norm": update_norm, "drift": drift(es.tensors, es.theta0),
+        **({"int8_clamped": clamped / (len(rewards) * int8_clamps[1])} if int8_clamps else {}),
+        "update_norm": update_norm, "drift": drift,
         "seconds_per_member": (scored - started) / max(len(rollouts), 1),  # on this rank
     }
     row["tokens_per_second"] = tokens / max(time.time() - started, 1e-9)  # all ranks together
     row["tokens"] = int(tokens)
     return row
 
-
-def drift(tensors, theta0):
-    """‖θ − θ0‖ over the perturbed tensors' masters, a chunk at a time, each chunk's difference written into one
-    reused buffer and squared there: a whole tensor's difference would be a temporary as large as the tensor,
-    allocated and freed every step, while a chunk's stays in cache (docs/speed.md). Computed where the masters
-    are: on CUDA θ0's chunks stream to the device, and the step waits once, for the total."""
-    squares, buffer = [], None
-    for t, t0 in zip(tensors, theta0):
-        if buffer is None or buffer.device != t.master.device:  # the masters share one device (--master-device)
-            buffer = torch.empty(DRIFT_CHUNK, device=t.master.device)
-        for chunk, chunk0 in zip(t.master.reshape(-1).split(DRIFT_CHUNK), t0.reshape(-1).split(DRIFT_CHUNK)):
-            difference = torch.sub(chunk, chunk0.to(chunk.device, non_blocking=True), out=buffer[:chunk.numel()])
-            squares.append(difference.mul_(difference).sum())
-    return float(torch.stack(squares).double().sum()) ** 0.5

@@ -35,11 +35,13 @@ from minies import UserError, lora
 from minies.runtime import distributed
 from minies.config import option
 from minies.recipes import DSM, THREEPO
+from minies.grpo_pass import OldLogps, PassLog, batch_counts, micro_batches
 from minies.grpo_loss import AGGREGATIONS, group_advantages, grpo_loss
 from minies.runtime.guard import check_finite
 from minies.runtime.masters import MasterWeights
 from minies.models import model_device
 from minies.rollout import completion_logprobs, generate, logits_rows
+
 
 @dataclass
 class PolicyGradientConfig:
@@ -99,21 +101,7 @@ class GRPO:
     default_steps = 200  # sized for the shipped model (what it gives: docs/results.md)
 
     def __init__(self, model, tokenizer, task, config, chat_template=True, compile_decoding=True):
-        world = distributed.world_size()
-        if config.group_size < 2:
-            raise UserError("--group-size must be at least 2: advantages compare completions within a group")
-        if config.prompts < world:
-            raise UserError(f"--prompts {config.prompts}: need one prompt per process ({world})")
-        if any(p.dtype == torch.int8 for p in model.parameters()) and config.lora_rank == 0:
-            raise UserError("a model loaded in 8-bit cannot be trained directly: pass --lora-rank (e.g. 16)")
-        unused = [f.name for f in dataclasses.fields(config) if f.name in ("lora_alpha", "lora_targets")
-                  and getattr(config, f.name) != f.default]
-        if unused and config.lora_rank == 0:
-            raise UserError(f"--{unused[0].replace('_', '-')} shapes LoRA adapters, which --lora-rank 0 does not add; "
-                            "pass --lora-rank (e.g. 16) or drop it")
-        if config.prompts * config.group_size > 10**6:
-            raise UserError(f"--prompts {config.prompts} × --group-size {config.group_size}: over a million "
-                            "completions a step; lower one of them")
+        check_config(model, config)
         self.model, self.tokenizer, self.task, self.config = model, tokenizer, task, config
         self.chat_template, self.compile_decoding = chat_template, compile_decoding
         self.prompts_per_step = config.prompts
@@ -129,7 +117,8 @@ class GRPO:
         self.params = [p for p in model.parameters() if p.requires_grad]
         self.optimizer = self.make_optimizer(self.params)
         # A decoder's buffers (rotary tables) are constants: no need to broadcast them before each forward.
-        self.policy = DistributedDataParallel(model, forward_sync_buffers=False) if world > 1 else model
+        self.policy = (DistributedDataParallel(model, forward_sync_buffers=False) if distributed.world_size() > 1
+                       else model)
 
     def make_optimizer(self, params):
         """The optimizer of the trained parameters: 3PO's hook, where ThreePO puts IVON. GRPO's is AdamW (or
@@ -146,12 +135,12 @@ class GRPO:
         """Sample, score and update on `problems` (the same list on every rank); returns the log."""
         rollouts, scores = self.sample(problems, seed)  # G completions per prompt from π_old, and their rewards
         advantages = self.advantages(scores.rewards)  # A_i within each group
-        return self.step_log(scores, self.update(rollouts, advantages))
+        return step_log(scores, self.update(rollouts, advantages))
 
     def update(self, rollouts, advantages):
         """μ optimizer steps on this rank's rollouts with their advantages [rows], all against the same
         π_old; returns their log: each statistic averaged over the steps (the entropy is π_old's)."""
-        old, logs = {}, []
+        old, logs = OldLogps(), []
         for _ in range(self.config.updates_per_batch):
             logs.append(self.policy_gradient(rollouts, advantages, old))  # ∇L_GRPO in p.grad, clipped
             with record_function("grpo.optimizer"):
@@ -165,56 +154,43 @@ class GRPO:
         --max-grad-norm; returns the pass's log over all ranks: the loss, the fractions of tokens clipped,
         the KL when β > 0, the gradient's norm before clipping and, on the first pass, π_old's entropy.
 
-        One micro-batch at a time (as many completions as rollout.logits_rows allows): log-probs, the token
-        ratio against π_old, the clipped loss, backward, the gradients adding up. `old` keeps π_old's and
-        the reference policy's log-probs per micro-batch for later passes (μ > 1): the first pass, given
-        an empty dict or none, fills it, π_old's being its own log-probs, detached, so that its ratio is 1
-        and its gradient the policy gradient."""
+        For each micro-batch (as many completions as rollout.logits_rows allows): log-probs, the loss
+        against π_old, backward; the gradients add up. `old` keeps what stays fixed over the μ passes on one
+        batch (OldLogps): the first pass, given an empty one or none, fills it."""
         cfg, mask = self.config, rollouts.completion_mask
-        old = {} if old is None else old
-        first = not old
-        # grpo_loss divides by the whole batch's counts (over all ranks), so the parts' gradients add up.
-        counts = distributed.all_reduce_sum(torch.tensor([len(mask), mask.sum().item()], dtype=torch.float64))
-        counts = dict(num_sequences=counts[0].item(), num_tokens=counts[1].item(), max_len=self.task.max_new_tokens)
-        size = logits_rows(mask.shape[1], self.model.config.vocab_size, cfg.micro_batch)
-        batches = [slice(s, s + size) for s in range(0, len(mask), size)]
+        old = OldLogps() if old is None else old
+        first = not old.policy
+        counts = batch_counts(mask, self.task.max_new_tokens)  # the whole batch's, over all ranks
+        batches = micro_batches(len(mask), logits_rows(mask.shape[1], self.model.config.vocab_size, cfg.micro_batch))
         # transformers checkpoints activations only in train mode; the models here have no dropout.
         self.model.train(cfg.gradient_checkpointing)
         if first:
-            old.update(policy=[None] * len(batches), reference=self.reference_logps(rollouts, batches))
-        sums = torch.zeros(5, dtype=torch.float64)  # loss, clip_low, clip_high, kl, entropy over this rank's tokens
+            old.reference = self.reference_logps(rollouts, batches)
+        log = PassLog(with_kl=cfg.beta > 0, with_entropy=first)
         self.model.zero_grad(set_to_none=True)
         for i, rows in enumerate(batches):
-            # DDP all-reduces gradients on the last micro-batch only; the others accumulate locally.
-            sync = i == len(batches) - 1 or self.policy is self.model
-            with contextlib.nullcontext() if sync else self.policy.no_sync():
+            with self.gradient_sync(last=i == len(batches) - 1):
                 logps, entropy = self.logps(self.policy, rollouts, rows, with_entropy=first)
-                if first:
-                    old["policy"][i] = logps.detach()
                 with record_function("grpo.loss_backward"):
-                    loss, stats = grpo_loss(logps, old["policy"][i], advantages[rows], mask[rows], cfg.epsilon_low,
-                                            cfg.epsilon_high, cfg.loss_aggregation, old["reference"][i], cfg.beta,
-                                            **counts)
-                    # The loss is normalized by global counts, so the batch gradient is the sum over ranks;
-                    # DDP averages, hence the factor.
+                    loss, stats = grpo_loss(logps, old.policy_logps(i, logps), advantages[rows], mask[rows],
+                                            epsilon_low=cfg.epsilon_low, epsilon_high=cfg.epsilon_high,
+                                            aggregation=cfg.loss_aggregation, ref_logps=old.reference[i],
+                                            beta=cfg.beta, **counts)
+                    # The loss is normalized by the whole batch's counts, so the batch's gradient is the sum
+                    # over ranks; DDP averages, hence the factor.
                     (loss * distributed.world_size()).backward()
-            tokens = mask[rows].sum().item()
-            entropy_sum = (entropy * mask[rows]).sum().item() if first else 0.0
-            sums += torch.tensor([loss.item(), stats["clip_low"] * tokens, stats["clip_high"] * tokens,
-                                  stats.get("kl", 0.0) * tokens, entropy_sum], dtype=torch.float64)
+            log.add(loss, stats, mask[rows], entropy)
         self.model.eval()
-        check_finite("the loss", sums[0])  # before any optimizer (AdamW, or IVON in 3PO) takes a step
+        check_finite("the loss", log.loss)  # before any optimizer (AdamW, or IVON in 3PO) takes a step
         with record_function("grpo.optimizer"):
             grad_norm = check_finite("the gradient norm",
                                      torch.nn.utils.clip_grad_norm_(self.params, cfg.max_grad_norm).item())
-        loss, clip_low, clip_high, kl, entropy = distributed.all_reduce_sum(sums).tolist()
-        tokens = counts["num_tokens"]
-        log = {"loss": loss, "clip_low": clip_low / tokens, "clip_high": clip_high / tokens, "grad_norm": grad_norm}
-        if cfg.beta > 0:
-            log["kl"] = kl / tokens
-        if first:
-            log["entropy"] = entropy / tokens
-        return log
+        return log.over_ranks(counts["num_tokens"], grad_norm)
+
+    def gradient_sync(self, last):
+        """The context of a micro-batch's backward: under DDP, gradients are all-reduced on the last
+        micro-batch only; the others accumulate locally."""
+        return contextlib.nullcontext() if last or self.policy is self.model else self.policy.no_sync()
 
     def sample(self, problems, seed):
         """G completions for each of this rank's prompts from the current policy (the sampling policy
@@ -276,17 +252,6 @@ class GRPO:
         with torch.no_grad(), lora.adapters_disabled(self.model):
             return [self.logps(reference, rollouts, rows)[0] for rows in batches]
 
-    def step_log(self, scores, update_log):
-        """A step's log row: the batch's rewards and lengths around the update's log."""
-        rewards, correct = scores.rewards, scores.correct
-        return {"reward_mean": rewards.mean().item(), "reward_std": rewards.std().item(),
-                "accuracy": correct.mean().item(), "malformed": scores.malformed.mean().item(),
-                "zero_std_groups": rewards.eq(rewards[:, :1]).all(1).double().mean().item(),
-                # Per prompt, in order: runs with the same --seed see the same prompts, so this pairs them.
-                "groups_solved": correct.gt(0).any(1).int().tolist(),
-                **update_log, "length_mean": scores.lengths.mean().item(), "length_max": scores.lengths.max().item(),
-                "truncated_rate": scores.truncated.mean().item(), "tokens": int(scores.lengths.sum().item())}
-
     def state_dict(self):
         """The trained weights (the adapters alone under LoRA) and the optimizer's state, which holds the
         fp32 masters of half-precision weights."""
@@ -304,3 +269,33 @@ class GRPO:
         """The model as a plain checkpoint: adapters merged into dequantized weights under LoRA."""
         return lora.merged_model(self.model) if self.config.lora_rank > 0 else self.model
 
+
+def check_config(model, config):
+    """The one-line errors of a GRPO or 3PO run that its flags' own checks (minies/config.py) cannot make."""
+    world = distributed.world_size()
+    if config.group_size < 2:
+        raise UserError("--group-size must be at least 2: advantages compare completions within a group")
+    if config.prompts < world:
+        raise UserError(f"--prompts {config.prompts}: need one prompt per process ({world})")
+    if any(p.dtype == torch.int8 for p in model.parameters()) and config.lora_rank == 0:
+        raise UserError("a model loaded in 8-bit cannot be trained directly: pass --lora-rank (e.g. 16)")
+    unused = [f.name for f in dataclasses.fields(config) if f.name in ("lora_alpha", "lora_targets")
+              and getattr(config, f.name) != f.default]
+    if unused and config.lora_rank == 0:
+        raise UserError(f"--{unused[0].replace('_', '-')} shapes LoRA adapters, which --lora-rank 0 does not add; "
+                        "pass --lora-rank (e.g. 16) or drop it")
+    if config.prompts * config.group_size > 10**6:
+        raise UserError(f"--prompts {config.prompts} × --group-size {config.group_size}: over a million "
+                        "completions a step; lower one of them")
+
+
+def step_log(scores, update_log):
+    """A step's log row: the batch's rewards and lengths around the update's log."""
+    rewards, correct = scores.rewards, scores.correct
+    return {"reward_mean": rewards.mean().item(), "reward_std": rewards.std().item(),
+            "accuracy": correct.mean().item(), "malformed": scores.malformed.mean().item(),
+            "zero_std_groups": rewards.eq(rewards[:, :1]).all(1).double().mean().item(),
+            # Per prompt, in order: runs with the same --seed see the same prompts, so this pairs them.
+            "groups_solved": correct.gt(0).any(1).int().tolist(),
+            **update_log, "length_mean": scores.lengths.mean().item(), "length_max": scores.lengths.max().item(),
+            "truncated_rate": scores.truncated.mean().item(), "tokens": int(scores.lengths.sum().item())}

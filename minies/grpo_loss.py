@@ -37,7 +37,7 @@ def group_advantages(rewards, scale="group", eps=1e-4):
     return advantages.masked_fill(tied, 0.0)
 
 
-def grpo_loss(logps, old_logps, advantages, mask, epsilon_low=0.2, epsilon_high=0.2, aggregation="grpo",
+def grpo_loss(logps, old_logps, advantages, mask, *, epsilon_low=0.2, epsilon_high=0.2, aggregation="grpo",
               ref_logps=None, beta=0.0, num_sequences=None, num_tokens=None, max_len=None):
     """The clipped surrogate loss of a batch of completions (module docstring), and its statistics.
 
@@ -53,22 +53,24 @@ def grpo_loss(logps, old_logps, advantages, mask, epsilon_low=0.2, epsilon_high=
     ratio is clipped below (A < 0) or above (A > 0), which get no gradient, and the mean KL.
     """
     mask = mask.to(logps.dtype)
+    A = advantages[:, None].to(logps.dtype)
+    ratio = torch.exp(logps - old_logps)
+    clipped = ratio.clamp(1 - epsilon_low, 1 + epsilon_high)
+    per_token = -torch.min(ratio * A, clipped * A)  # l_it, its KL term added when a reference is given
+    if ref_logps is not None:
+        delta = ref_logps - logps
+        kl = torch.exp(delta) - delta - 1  # KL_it, the k3 estimator
+        per_token = per_token + beta * kl
+    # The aggregation: a weight per token, from the whole batch's normalizers where given.
     num_sequences = len(mask) if num_sequences is None else num_sequences
     num_tokens = mask.sum() if num_tokens is None else num_tokens
     max_len = mask.shape[1] if max_len is None else max_len
-    ratio = torch.exp(logps - old_logps)
-    adv = advantages[:, None].to(logps.dtype)
-    per_token = -torch.min(ratio * adv, ratio.clamp(1 - epsilon_low, 1 + epsilon_high) * adv)
-    if ref_logps is not None:
-        delta = ref_logps - logps
-        kl = torch.exp(delta) - delta - 1
-        per_token = per_token + beta * kl
     loss = (per_token * token_weights(mask, aggregation, num_sequences, num_tokens, max_len)).sum()
 
     with torch.no_grad():
         tokens = mask.sum().clamp(min=1)
-        stats = {"clip_low": float(((ratio < 1 - epsilon_low) & (adv < 0) & mask.bool()).sum() / tokens),
-                 "clip_high": float(((ratio > 1 + epsilon_high) & (adv > 0) & mask.bool()).sum() / tokens)}
+        stats = {"clip_low": float(((ratio < 1 - epsilon_low) & (A < 0) & mask.bool()).sum() / tokens),
+                 "clip_high": float(((ratio > 1 + epsilon_high) & (A > 0) & mask.bool()).sum() / tokens)}
         if ref_logps is not None:
             stats["kl"] = float((kl * mask).sum() / tokens)
     return loss, stats

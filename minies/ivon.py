@@ -42,16 +42,18 @@ of samples. With the same `seed` all ranks draw the same u, i.e. evaluate the sa
 data; to give each rank its own sample pass sampled_params(seed=...) or (generator=...). Under DDP
 the gradients arrive already averaged and the all_reduce is redundant but harmless.
 
-Low precision: for a bf16 or fp16 parameter the true mean lives in an fp32 master copy in the
-optimizer state and the parameter holds its rounding, so small updates are not lost. The Hessian
-sample uses the drawn d = σ⊙u; note that in bf16 a perturbation much smaller than the weight's
-spacing is rounded away in θ̂ itself.
+Low precision: for a bf16 or fp16 parameter the mean θ lives in an fp32 master in the optimizer state
+(minies/runtime/masters.py, fp32_master) and the parameter holds its rounding, so small updates are not
+lost. The Hessian sample uses the drawn d = σ⊙u; note that in bf16 a perturbation much smaller than the
+weight's spacing is rounded away in θ̂ itself.
 """
 import contextlib
 import math
 
 import torch
 import torch.distributed as dist
+
+from minies.runtime.masters import fp32_master
 
 
 class IVON(torch.optim.Optimizer):
@@ -83,13 +85,14 @@ class IVON(torch.optim.Optimizer):
             state["step"] = 0
             state["momentum"] = torch.zeros_like(p, dtype=torch.float32)
             state["hess"] = torch.full_like(p, group["hess_init"], dtype=torch.float32)
-            if p.is_floating_point() and torch.finfo(p.dtype).bits < 32:
-                state["master"] = p.detach().float()
+            mean = fp32_master(p)
+            if mean is not p:
+                state["master"] = mean
         return state
 
     def _mean(self, p, state):
         """The fp32 mean θ: the master copy when p is low precision, else p itself."""
-        return state["master"] if "master" in state else p
+        return state.get("master", p)
 
     def _std(self, state, group):
         return (group["ess"] * (state["hess"] + group["weight_decay"])).rsqrt()

@@ -9,7 +9,7 @@ and, through f = ĝ⊙d/σ², into its Hessian estimate h, which sets how far la
 
     B3PO  θ̂ ~ q;  G rollouts per prompt at θ̂;  A within each group;  ĝ = ∇L_GRPO(θ̂);  IVON step
     M3PO  for m = 1..M:  θ̂_m ~ q;  G rollouts per prompt at θ̂_m;  A within that sample's groups;
-              ĝ_m = ∇L_GRPO(θ̂_m)   (p.grad starts from zero for every sample);
+              ĝ_m = ∇L_GRPO(θ̂_m)   (p.grad starts from zero for every sample)
           one IVON step with ĝ = (1/M)·Σ_m ĝ_m and f = (1/M)·Σ_m ĝ_m⊙d_m/σ²
     C3PO  the G rollouts of each prompt come in N chunks of G/N, chunk n generated at θ̂_n ~ q;
           A over the whole pooled group of G;  then a fresh θ̂_0 ~ q, and for rollout i of chunk n
@@ -17,37 +17,15 @@ and, through f = ĝ⊙d/σ², into its Hessian estimate h, which sets how far la
               w_i ← 0 if w_i ∉ [keep_min, keep_max], else min(w_i, truncate)      (paper: 0.5, 2, 2)
           ĝ = ∇L_GRPO(θ̂_0) with A_i replaced by w_i·A_i;  IVON step
 
-Where the paper leaves room, minies chooses:
-- The sequence ratio is the full likelihood ratio exp(Σ_t Δ_t) of the completion, not the per-token
-  geometric mean exp(mean_t Δ_t): it is the weight that makes the chunk's rollouts unbiased for the
-  fresh sample, and the sum is what the [0.5, 2] window bounds. Completions are short and two posterior
-  samples differ by ~σ, so the sum stays moderate; the mean would be a length-normalized, biased weight.
-- It replaces GRPO's token ratio rather than stacking on it: GRPO's π_old is the fresh sample itself
-  (its log-probs, detached), so the token ratio is 1 and its clipping never acts; the loss is linear in
-  A, so passing w_i·A_i weights each sequence's policy gradient by w_i. w carries no gradient.
-- A dropped rollout gets weight 0 but stays in the normalizers (B, Σ|o_i|) and in its group's
-  advantages: the step shrinks when much is dropped instead of amplifying what is left.
-- With the paper's window the truncation at 2 only acts at the window's edge; it matters when the
-  window is widened (--ratio-keep-max inf gives plain truncated importance sampling).
-- The behavior log-probs log π_θ̂n are recomputed by a forward pass at θ̂_n right after its chunk is
-  generated, and log π_θ̂0 by a no-grad pass at θ̂_0 in the same mode, so w is exactly 1 when θ̂_0 = θ̂_n.
-- Chunk n holds completions n·G/N .. (n+1)·G/N − 1 of every group (G must be divisible by N).
-- Each sample's gradient is clipped to --max-grad-norm before IVON averages it (M3PO).
-
-Seeds: the weight samples of a step are drawn from seeds that depend only on the step's seed, so every
-process draws the same θ̂ (and --resume repeats them); token sampling is seeded per sample, per chunk
-and per process, so it differs wherever they differ.
-
-Distributed (torchrun): exactly GRPO's split. Each process gets its share of the prompts and does all
-M samples / N chunks for them; gradients are averaged by DDP inside each sample. The weight samples
-must agree across processes: the gradient averaged over processes is the gradient at one θ̂, and
-IVON's Hessian sample pairs it with that θ̂'s d. IVON's step is then the same on every process, so the
-means stay identical without being communicated.
-
-IVON is GRPO's optimizer hook (GRPO.make_optimizer) filled in, and takes one step per batch, after the
-gradients at all of the step's weight samples: 3PO has no --optim and no --updates-per-batch. It keeps
-fp32 masters of bfloat16 or float16 weights in its own state. With --load-in-8bit, GRPO's LoRA adapters
-are the trained parameters: IVON's posterior is over them.
+Where the paper leaves room, minies chooses (why: docs/papers.md, "3PO"):
+- w_i is the full likelihood ratio of the completion, exp(Σ_t Δ_t), not the geometric mean exp(mean_t Δ_t).
+- w_i replaces GRPO's token ratio rather than stacking on it (that ratio is 1: π_old is the fresh sample),
+  and carries no gradient: the loss is linear in A, so w_i·A_i weights sequence i's policy gradient by w_i.
+- A dropped rollout (w_i = 0) stays in the normalizers (B, Σ|o_i|) and in its group's advantages.
+- log π_θ̂n is recomputed right after chunk n is generated, log π_θ̂0 in the same mode: w = 1 if θ̂_0 = θ̂_n.
+- Chunk n holds completions n·G/N .. (n+1)·G/N − 1 of every group (N must divide G).
+- M3PO clips each sample's gradient to --max-grad-norm before IVON averages them.
+- A step's weight samples depend on its seed only: every process draws the same θ̂, and --resume repeats them.
 
 Why these defaults: docs/tuning.md.
 """
@@ -60,7 +38,7 @@ from minies import UserError
 from minies.runtime import distributed
 from minies.config import option
 from minies.recipes import THREEPO
-from minies.grpo import GRPO, PolicyGradientConfig
+from minies.grpo import GRPO, PolicyGradientConfig, step_log
 from minies.ivon import IVON
 from minies.rollout import concat_rollouts, pad_right
 
@@ -156,7 +134,7 @@ class B3PO(ThreePO):
         with self.optimizer.sampled_params(train=True, seed=weight_seed):  # θ̂ ~ q, in place of θ
             rollouts, scores = self.sample(problems, seed)  # G rollouts per prompt at θ̂
             advantages = self.advantages(scores.rewards)  # A within each group
-            log = self.step_log(scores, self.policy_gradient(rollouts, advantages))  # ĝ = ∇L_GRPO(θ̂)
+            log = step_log(scores, self.policy_gradient(rollouts, advantages))  # ĝ = ∇L_GRPO(θ̂)
         # Leaving the block put θ back and gave IVON ĝ and ĝ⊙d/σ²: its step on θ and its Hessian estimate.
         self.optimizer.step()
         return {**log, **self.posterior_stats()}
@@ -168,20 +146,14 @@ class M3PO(ThreePO):
 
     default_steps = 200  # M = 2: twice B3PO's time per step
 
-    def __init__(self, model, tokenizer, task, config, chat_template=True, compile_decoding=True):
-        if config.samples < 1:
-            raise UserError(f"--samples {config.samples}: need at least one weight sample")
-        super().__init__(model, tokenizer, task, config, chat_template, compile_decoding)
-        self.samples = config.samples
-
     def step(self, problems, seed):
-        logs = []
-        for m, weight_seed in enumerate(weight_seeds(seed, self.samples)):
+        M, logs = self.config.samples, []
+        for m, weight_seed in enumerate(weight_seeds(seed, M)):
             with self.optimizer.sampled_params(train=True, seed=weight_seed):  # θ̂_m ~ q; p.grad starts at 0
-                rollouts, scores = self.sample(problems, seed * self.samples + m)  # G rollouts per prompt at θ̂_m
+                rollouts, scores = self.sample(problems, seed * M + m)  # G rollouts per prompt at θ̂_m
                 advantages = self.advantages(scores.rewards)  # A within this sample's groups
                 gradient_log = self.policy_gradient(rollouts, advantages)  # ĝ_m = ∇L_GRPO(θ̂_m)
-                logs.append(self.step_log(scores, gradient_log))
+                logs.append(step_log(scores, gradient_log))
             # On leaving the block IVON adds ĝ_m and ĝ_m⊙d_m/σ² to the step's averages and puts θ back.
         self.optimizer.step()  # one IVON step with ĝ = (1/M)·Σ_m ĝ_m and f = (1/M)·Σ_m ĝ_m⊙d_m/σ²
         return {**average_logs(logs), **self.posterior_stats()}
@@ -202,8 +174,8 @@ class C3PO(ThreePO):
     default_steps = 300  # a step costs a little more than GRPO's: N + 1 extra no-grad forward passes
 
     def __init__(self, model, tokenizer, task, config, chat_template=True, compile_decoding=True):
-        if config.chunks < 1 or config.group_size % config.chunks:
-            raise UserError(f"--chunks {config.chunks}: must be >= 1 and divide --group-size {config.group_size}")
+        if config.group_size % config.chunks:
+            raise UserError(f"--chunks {config.chunks}: must divide --group-size {config.group_size}")
         if config.ratio_keep_min > config.ratio_keep_max:
             raise UserError(f"--ratio-keep-min {config.ratio_keep_min:g} is above --ratio-keep-max "
                             f"{config.ratio_keep_max:g}: no rollout would be kept")
@@ -227,7 +199,7 @@ class C3PO(ThreePO):
         kept, count, abs_log = distributed.all_reduce_sum(torch.tensor(
             [weights.gt(0).sum().item(), len(weights), log_ratio.abs().sum().item()], dtype=torch.float64)).tolist()
         update_log.update(ratio_kept=kept / count, log_ratio_abs=abs_log / count)
-        return {**self.step_log(scores, update_log), **self.posterior_stats()}
+        return {**step_log(scores, update_log), **self.posterior_stats()}
 
     def sample_chunks(self, prompts, seed, chunk_seeds):
         """Rollouts of `prompts` (each group's G copies side by side) whose chunk n, completions

@@ -242,8 +242,26 @@ def test_a_run_without_checkpoint_starts_again(resume, tmp_path, model_dir, trai
     code, _ = _resume(run, model_dir, *resume)
     err = capsys.readouterr().err
     assert code == 0, err[-3000:]
-    assert f"note: {run} has no checkpoint; starting it from step 0" in err.splitlines()
+    # --resume under the default run name also says what that name is made of.
+    looked = (f" (--resume looks for {run.parent / '<algo>-<task>-seed<seed>'}: --algo es, --task arithmetic, "
+              "--seed 0; --run-name NAME resumes a run of another name)") if resume else ""
+    assert f"note: {run} has no checkpoint; starting it from step 0{looked}" in err.splitlines()
     assert _steps(run) == [1, 2, 3]  # the stale log is gone
+
+
+def test_resume_says_which_run_it_looked_for(tmp_path, model_dir, trained, capsys):
+    """--resume --model of a shipped model whose recipe sets another task looks for another run: it says which,
+    and where the task came from."""
+    from minies.models import SHIPPED_MODELS
+
+    run = _copy(trained, tmp_path)
+    code, _ = run_in_process("train.py", "--model", SHIPPED_MODELS["countdown"], "--out", run.parent, "--steps", 1, *TINY,
+                             "--resume")
+    err = capsys.readouterr().err
+    assert code == 0, err[-3000:]
+    assert (f"note: {run.parent / 'es-countdown-seed0'} has no checkpoint; starting it from step 0 (--resume looks "
+            f"for {run.parent / '<algo>-<task>-seed<seed>'}: --algo es, --task countdown from recipe tiny-countdown, "
+            "--seed 0; --run-name NAME resumes a run of another name)") in err.splitlines()
 
 
 def test_out_in_missing_directories_is_created(tmp_path, model_dir):
@@ -357,6 +375,8 @@ def test_pass_at_k_accepts_numpy_integers():
     (["--task", "countdown", "--run-name", RUN], "--task countdown (the run has arithmetic)"),
     (["--algo", "grpo", "--run-name", RUN], "--algo grpo: "),
     (["--steps", 1], "--steps 1: "),
+    (["--recipe", "tiny-countdown", "--run-name", RUN], "--task countdown (from recipe tiny-countdown; the run has "
+                                                        "arithmetic)"),
 ])
 def test_resume_refuses_other_settings(flags, mention, tmp_path, model_dir, trained, capsys):
     run = _copy(trained, tmp_path)
@@ -367,6 +387,32 @@ def test_resume_refuses_other_settings(flags, mention, tmp_path, model_dir, trai
     last = assert_one_line_error(f"resume with {flags}", code, capsys.readouterr().err + message)
     assert mention in last, last
     assert (run / "log.jsonl").read_text() == log and (run / "latest").read_text() == latest
+
+
+def test_resume_compares_what_a_recipe_resolves_to(tmp_path, model_dir, trained, capsys):
+    """--recipe itself is not compared, the values it sets are: naming the model's own recipe changes nothing, and
+    a refusal says which of the values it lists came from a recipe rather than from the command line."""
+    run = _copy(trained, tmp_path)
+    code, message = _resume(run, model_dir, "--resume", "--recipe", "tiny-countdown", "--run-name", RUN,
+                            "--sigma", 0.01)
+    last = assert_one_line_error("resume with another recipe", code, capsys.readouterr().err + message)
+    assert "--sigma 0.01 (the run has 0.008)" in last and "--alpha 0.03 (from recipe tiny-countdown; the run has 0.01)" in last
+    assert "--params .* (from recipe tiny-countdown; the run has embed_tokens" in last and "--recipe" not in last
+    code, _ = _resume(run, model_dir, "--resume", "--recipe", "tiny")  # the shipped model's own recipe
+    err = capsys.readouterr().err
+    assert code == 0, err[-3000:]
+    assert _steps(run) == [1, 2, 3]
+
+
+def test_resume_without_the_runs_recipe_names_it(tmp_path, model_dir, trained, capsys):
+    run = _copy(trained, tmp_path)
+    config = json.loads((run / "config.json").read_text())
+    config["train"]["recipe"], config["es"]["alpha"] = "tiny-countdown", 0.03  # as if made with that recipe
+    (run / "config.json").write_text(json.dumps(config))
+    code, message = _resume(run, model_dir, "--resume")
+    last = assert_one_line_error("resume without the run's recipe", code, capsys.readouterr().err + message)
+    assert ("--alpha 0.01 (from recipe tiny; the run has 0.03); the run was made with --recipe tiny-countdown; "
+            "drop those") in last  # recipe tiny: the model's own
 
 
 def test_resume_refuses_another_model(tmp_path, model_dir, trained, capsys):
@@ -474,6 +520,58 @@ def test_a_run_blowing_up_stops_before_it_saves(algo, what, tmp_path, model_dir,
     assert last.startswith(f"error: step 1: {what}") and "--lr/--alpha" in last
     run = next(tmp_path.iterdir())
     assert not (run / "latest").exists() and not list(run.glob("step-*"))
+
+
+@pytest.mark.parametrize("script, args", [("train.py", ["--out", "{tmp}", *TINY]), ("eval.py", ["--n", 1, "--k", 1])])
+def test_an_unreadable_omp_num_threads_is_one_line(script, args, tmp_path, model_dir, monkeypatch, capsys):
+    """libgomp ignores it, saying so as torch loads: the run would take every core, which nobody asked for."""
+    monkeypatch.setenv("OMP_NUM_THREADS", "abc")
+    code, message = run_in_process(script, "--model", model_dir, *[str(a).format(tmp=tmp_path) for a in args])
+    last = assert_one_line_error("OMP_NUM_THREADS=abc", code, capsys.readouterr().err + message)
+    assert last.startswith("error: OMP_NUM_THREADS='abc' is not a number of threads; set it to a whole number")
+    assert not list(tmp_path.iterdir())
+
+
+def test_an_unreadable_omp_num_threads_ends_a_script_with_our_line(model_dir):
+    """In a real process libgomp warns first, as torch loads; the last line is minies' own."""
+    import subprocess
+    import sys
+
+    from conftest import REPO, script_env
+
+    r = subprocess.run([sys.executable, str(REPO / "eval.py"), "--model", str(model_dir)], cwd=REPO,
+                       env={**script_env(), "OMP_NUM_THREADS": "abc"}, capture_output=True, text=True, timeout=300)
+    assert "OMP_NUM_THREADS='abc'" in assert_one_line_error("OMP_NUM_THREADS=abc", r.returncode, r.stderr)
+
+
+@pytest.mark.parametrize("value, readable", [("2", True), (" 4 ", True), ("4,2", True), ("+2", True), ("abc", False),
+                                             ("0", False), ("", False), ("-1", False), ("1.5", False), ("2,0", False)])
+def test_omp_num_threads_is_read_as_openmp_reads_it(value, readable, monkeypatch):
+    from minies import UserError, check_thread_variable
+
+    monkeypatch.setenv("OMP_NUM_THREADS", value)
+    if readable:
+        check_thread_variable()
+    else:
+        with pytest.raises(UserError, match="OMP_NUM_THREADS"):
+            check_thread_variable()
+
+
+@pytest.mark.parametrize("script, args", [("train.py", ["--out", "{tmp}", "--steps", 1, *TINY]),
+                                          ("eval.py", ["--problems", 2, "--n", 1, "--k", 1])])
+def test_compile_decoding_given_where_it_does_nothing_says_so(script, args, tmp_path, model_dir, capsys):
+    """--compile-decoding, given, on a machine where decoding is not compiled: one note. Its default (on) says
+    nothing."""
+    from minies.models import default_device
+    from minies.runtime.decoding import DEVICES
+
+    args = ["--model", model_dir, *[str(a).format(tmp=tmp_path) for a in args]]
+    for given, noted in (([], False), (["--compile-decoding"], default_device().type not in DEVICES)):
+        code, message = run_in_process(script, *args, *given, *(["--run-name", "x"] if given and script == "train.py"
+                                                                 else []))
+        err = capsys.readouterr().err
+        assert code == 0, err[-3000:] + message
+        assert ("note: --compile-decoding does nothing here: decoding is compiled only on CUDA" in err) == noted, err
 
 
 def test_rank_without_torchrun_is_one_line(tmp_path, model_dir, monkeypatch, capsys):

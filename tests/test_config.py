@@ -98,3 +98,12 @@ def test_a_check_rejects_values_outside_its_range_while_parsing(capsys):
             parser.parse_args([flag, value])
         assert capsys.readouterr().err.endswith(f"error: argument {flag}: {value} is not {wanted}; see --help\n")
     assert "a rate; a finite number > 0 (default: 0.1)" in " ".join(parser.format_help().split())
+
+
+def test_typed_flags_are_the_settings_a_command_line_names():
+    """What a note or a --resume refusal reads to tell a value the user typed from a default or a recipe's."""
+    from minies import typed_flags
+
+    argv = ["--lr-scale", "2e-3", "--steps=7", "--no-flag", "--name", "-x", "--compile-decoding"]
+    assert typed_flags(argv) == {"lr_scale", "steps", "flag", "name", "compile_decoding"}
+    assert typed_flags([]) == set()

@@ -11,10 +11,9 @@ from safetensors.torch import load_file
 
 from conftest import needs_cuda, tuned
 from minies import UserError
-from minies.analysis import answer_outcome
+from minies.analysis import answer_outcome, squared_distance
 from minies.eggroll import LowRankPopulation
 from minies.es import ES, ESConfig, ScoredRollouts, member_seeds, normalize_rewards
-from minies.es_log import drift
 from minies.models import int8_row_scales, load_model, load_tokenizer
 from minies.perturbed import PerturbedTensor, noise
 from minies.tasks import Arithmetic, Score
@@ -39,10 +38,14 @@ def scored_rows(rows, reward, answer="7"):
 
 
 def fake_rollout(rewards):
-    """An ES.rollout that generates nothing: each member it is asked for gets the next of `rewards` on every row."""
+    """An ES.rollout that generates nothing: each member it is asked for gets the next of `rewards` on every row,
+    and answers that reward (members with distinct rewards answer differently)."""
     rewards = iter(rewards)
-    return lambda problems, prompts, seed, copies, micro_batch: [scored_rows(len(problems), next(rewards))
-                                                                 for _ in range(copies)]
+
+    def rollout(problems, prompts, seed, copies, micro_batch):
+        return [scored_rows(len(problems), reward, answer=str(reward)) for reward in
+                (next(rewards) for _ in range(copies))]
+    return rollout
 
 
 @pytest.mark.parametrize("dtype,eightbit", [("float32", False), ("bfloat16", False), ("float16", False),
@@ -137,9 +140,7 @@ def test_8bit_steps_change_outputs_and_checkpoint_reloads(tiny_model_dir, tmp_pa
     ids = torch.tensor([[5, 8, 9, 79, 10]])
     before = es.model(ids).logits
     problems = Arithmetic(test_size=50).train_problems(8, seed=0)
-    rewards = iter(range(100))
-    es.population.score_members = lambda members, sigma, rollout, prompts, micro_batch: (
-        (n, scored_rows(prompts, float(next(rewards)))) for n, _ in members)
+    es.rollout = fake_rollout(map(float, itertools.count()))
     for step in range(2):
         es.step(problems, seed=step)
     after = es.model(ids).logits
@@ -210,7 +211,7 @@ def test_8bit_resume_is_bit_exact_and_its_checkpoints_load(tmp_path, tiny_model_
 
 def member_factors(es, seed, t):
     """A_n [out, r] and B_n [in, r] of one member seed for tensor t."""
-    return es.population.factors([seed], t)[0].split(list(t.param.shape))
+    return es.lowrank.factors([seed], t)[0].split(list(t.param.shape))
 
 
 def test_lowrank_member_rows_run_at_their_own_explicit_weights(tiny_model_dir):
@@ -219,16 +220,16 @@ def test_lowrank_member_rows_run_at_their_own_explicit_weights(tiny_model_dir):
     ids = torch.tensor([[5, 8, 9, 79, 10], [6, 7, 79, 9, 11]])
     members = member_seeds(3, 4, antithetic=True)
     clean = weights(es.model)
-    with es.population.members(members, sigma=0.05):
+    with es.lowrank.members(members, sigma=0.05):
         batched = es.model(ids.repeat(len(members), 1)).logits.view(len(members), *ids.shape, -1)
     assert all(torch.equal(v, clean[k]) for k, v in weights(es.model).items())  # weights never modified
     for j, (seed, sign) in enumerate(members):
         # Written from the clean copy: in float32 lowrank mode the param is its own master (share_param).
-        for t in es.population.tensors:
+        for t in es.tensors:
             a, b = member_factors(es, seed, t)
             t.write(clean[t.name] + sign * 0.05 * a @ b.T / 2 ** 0.5)
         explicit = es.model(ids).logits
-        for t in es.population.tensors:
+        for t in es.tensors:
             t.write(clean[t.name])
         assert torch.allclose(batched[j], explicit, atol=1e-5), j
     assert not torch.allclose(batched[0], batched[1])  # mirrored pair: different perturbations
@@ -242,7 +243,7 @@ def test_lowrank_perturbs_weight_matrices_and_both_uses_of_the_tied_embedding(ti
         "model.embed_tokens.weight"}) and not any("norm" in n for n in names)
     embedding = next(t for t in es.tensors if t.name == "model.embed_tokens.weight")
     assert es.model.lm_head.weight is embedding.param  # the shipped model ties its head to the embedding
-    assert es.population.modules[embedding.index] == [es.model.model.embed_tokens, es.model.lm_head]
+    assert es.lowrank.modules[embedding.index] == [es.model.model.embed_tokens, es.model.lm_head]
     with pytest.raises(UserError, match="lowrank"):
         make_es(tiny_model_dir, mode="lowrank", params="norm")
 
@@ -260,8 +261,7 @@ def test_lowrank_float32_param_is_its_own_master(tiny_model_dir):
 def test_lowrank_update_is_the_sum_of_rank_r_terms(tiny_model_dir):
     es = make_es(tiny_model_dir, alpha=0.01, antithetic=False, mode="lowrank", rank=3)
     fake = [0.0, 1.0, 3.0, 2.0]
-    es.population.score_members = lambda members, sigma, rollout, prompts, micro_batch: (
-        (n, scored_rows(prompts, fake[n], answer=str(n))) for n, _ in members)
+    es.rollout = fake_rollout(fake)  # each member answers its own reward
     t = es.tensors[2]
     starts = [u.master.clone() for u in es.tensors]
     start = starts[2]
@@ -290,7 +290,7 @@ def test_lowrank_scores_equal_scoring_each_member_alone(tiny_model_dir):
     for micro_batch in (4 * 6, 4):  # all six members in one call, then one member per call
         es.config.micro_batch = micro_batch
         runs.append({n: (r.rewards, [answer_outcome(s) for s in r.scores])
-                     for n, r in es.rollout_members(members, problems, seed=0).items()})
+                     for n, r in es.score(members, problems, seed=0)[0].items()})
     together, alone = runs
     assert all(np.array_equal(together[n][0], alone[n][0]) and together[n][1] == alone[n][1] for n in range(6))
 
@@ -318,10 +318,7 @@ def test_int8_clamps_are_counted(tiny_model_dir):
     elements = sum(t.param.numel() for t in int8)
     fractions = []
     for sigma in (1e-3, 0.1):
-        for t in int8:
-            t.clamped = 0
-            t.write_perturbed(seed=1, sign=1.0, sigma=sigma)
-        fractions.append(sum(t.clamped for t in int8) / elements)
+        fractions.append(sum(t.write_perturbed(seed=1, sign=1.0, sigma=sigma) for t in int8) / elements)
         for t in int8:
             t.write_clean()
     assert 0 < fractions[0] < 0.02 < fractions[1]  # a few largest weights at small σ, many at large σ
@@ -345,25 +342,28 @@ def test_step_logs_truncation_and_int8_clamps(tiny_model_dir, eightbit):
                                             pytest.param("cuda", "cpu", marks=needs_cuda)])
 def test_drift_sums_over_chunks_to_the_distance_from_the_start(tiny_model_dir, monkeypatch, device, masters):
     """θ0 lives in host memory, pinned when the masters are on CUDA (drift streams it to them)."""
-    import minies.es_log
-    monkeypatch.setattr(minies.es_log, "DRIFT_CHUNK", 1000)  # many chunks per matrix, a partial one at each end
+    import minies.analysis
+    monkeypatch.setattr(minies.analysis, "DRIFT_CHUNK", 1000)  # many chunks per matrix, a partial one at each end
     es = make_es(tiny_model_dir, device=device, params=".*", master_device=masters)
     assert all(t.master.device.type == es.config.master_device for t in es.tensors)
     assert all(t0.device.type == "cpu" and t0.is_pinned() == (es.config.master_device == "cuda") for t0 in es.theta0)
-    assert drift(es.tensors, es.theta0) == 0.0
+    assert squared_distance(es.theta0, [t.master for t in es.tensors]) == 0.0
     torch.manual_seed(0)
     for t in es.tensors:
         t.master += 0.01 * torch.randn_like(t.master)
     expected = sum(float((t.master.double().cpu() - t0.double()).pow(2).sum())
                    for t, t0 in zip(es.tensors, es.theta0))
-    assert drift(es.tensors, es.theta0) == pytest.approx(expected ** 0.5, rel=1e-5)
+    assert squared_distance(es.theta0, [t.master for t in es.tensors]) ** 0.5 == pytest.approx(expected ** 0.5, rel=1e-5)
+    es.rollout = fake_rollout([0.0, 1.0, 3.0, 2.0])
+    log = es.step(Arithmetic(test_size=50).train_problems(8, seed=0), seed=0)  # the step logs this distance
+    assert log["drift"] == squared_distance(es.theta0, [t.master for t in es.tensors]) ** 0.5
 
 
 @pytest.mark.parametrize("antithetic,dtype", [(True, "float32"), (False, "float32"), (True, "bfloat16")])
 def test_the_step_noise_cache_changes_no_result(tiny_model_dir, antithetic, dtype, monkeypatch):
-    """In place on a CPU a step keeps the noise it drew (StepNoise): each ε is drawn once instead of once per
-    write and once for the update. Rewards and weights are bit-identical to regenerating every ε (which a
-    bfloat16 write turns into σ·ε in place)."""
+    """In place on a CPU a step keeps the noise it drew (StepNoise, an optional speed layer): each ε is drawn
+    once instead of once per write and once for the update. Rewards and weights are bit-identical to drawing
+    every ε from its seed at each use, without it (a bfloat16 write then turns the drawn ε into σ·ε in place)."""
     import minies.perturbed
     draws = []
     monkeypatch.setattr(minies.perturbed, "noise", lambda *args: draws.append(args) or noise(*args))
@@ -371,12 +371,12 @@ def test_the_step_noise_cache_changes_no_result(tiny_model_dir, antithetic, dtyp
     runs = []
     for cache in (True, False):
         es = make_es(tiny_model_dir, dtype, antithetic=antithetic, params=".*")
-        noise_cache = es.population.noise
-        assert noise_cache.cached  # the test model's noise fits: the cache is on unless switched off
-        noise_cache.cached = cache
+        step_noise = es.step_noise
+        assert step_noise is not None  # the test model's noise fits: the cache is on unless switched off
+        es.step_noise = step_noise if cache else None
         draws.clear()
         logs = [es.step(task.train_problems(8, seed=step), step) for step in range(2)]
-        assert not noise_cache.kept  # emptied after every step
+        assert not step_noise.kept  # emptied after every step
         # Per step and tensor: with the cache one draw per distinct ε (2 mirrored pairs, or 4 members); without,
         # one per member's write plus one per ε in the update.
         if cache:
@@ -393,7 +393,7 @@ def test_the_step_noise_cache_changes_no_result(tiny_model_dir, antithetic, dtyp
 
 def test_the_noise_cache_stays_within_its_budget(tiny_model_dir, monkeypatch):
     import minies.perturbed
+    lowrank = make_es(tiny_model_dir, mode="lowrank")
+    assert isinstance(lowrank.lowrank, LowRankPopulation) and lowrank.step_noise is None  # noise in the forward pass
     monkeypatch.setattr(minies.perturbed, "NOISE_CACHE_BYTES", 1000)
-    assert not make_es(tiny_model_dir).population.noise.cached
-    lowrank = make_es(tiny_model_dir, mode="lowrank").population
-    assert isinstance(lowrank, LowRankPopulation) and not hasattr(lowrank, "noise")  # its noise is in the forward pass
+    assert make_es(tiny_model_dir).step_noise is None

@@ -71,7 +71,8 @@ def test_clipping_only_where_it_should():
     ratios = torch.tensor([[0.5, 0.9, 1.1, 1.5], [0.5, 0.9, 1.1, 1.5]])
     old = torch.zeros(2, 4)
     lp = ratios.log().requires_grad_()
-    loss, stats = grpo_loss(lp, old, torch.tensor([1.0, -1.0]), torch.ones(2, 4), 0.2, 0.2, "dapo")
+    loss, stats = grpo_loss(lp, old, torch.tensor([1.0, -1.0]), torch.ones(2, 4), epsilon_low=0.2, epsilon_high=0.2,
+                            aggregation="dapo")
     loss.backward()
     # A > 0: only a ratio above 1 + eps is clipped; A < 0: only a ratio below 1 - eps.
     clipped = torch.tensor([[False, False, False, True], [True, False, False, False]])
@@ -79,7 +80,8 @@ def test_clipping_only_where_it_should():
     assert torch.all(lp.grad[~clipped] != 0)
     assert stats["clip_low"] == stats["clip_high"] == 1 / 8
     # Asymmetric clipping (DAPO's clip-higher): with eps_high 0.6, 1.5 is no longer clipped.
-    _, stats = grpo_loss(lp, old, torch.tensor([1.0, -1.0]), torch.ones(2, 4), 0.2, 0.6, "dapo")
+    _, stats = grpo_loss(lp, old, torch.tensor([1.0, -1.0]), torch.ones(2, 4), epsilon_low=0.2, epsilon_high=0.6,
+                         aggregation="dapo")
     assert stats["clip_high"] == 0 and stats["clip_low"] == 1 / 8
 
 
@@ -186,6 +188,29 @@ def test_loss_decreases_on_a_fixed_batch(tiny_model_dir, eightbit):
         losses.append(surrogate())
     assert losses[0] == pytest.approx(-adv.mean().item(), abs=1e-5)  # ratio 1: the loss is -mean(A)
     assert all(b < a for a, b in zip(losses, losses[1:])), losses
+
+
+def test_later_passes_on_a_batch_keep_pi_old(tiny_model_dir, monkeypatch):
+    """With μ = 2 optimizer steps per batch, the second pass's π_old is, micro-batch by micro-batch, the
+    first pass's own log-probs (the policy before the batch's first step), and the reference's are taken once."""
+    algo = make_grpo(tiny_model_dir, updates_per_batch=2, micro_batch=4, beta=0.05, lr=1e-5)
+    r = sample(algo)
+    adv = torch.randn(len(r.texts), generator=torch.Generator().manual_seed(0))
+    calls, references = [], []  # (logps, π_old's) of each grpo_loss call; one entry per reference pass
+
+    def recording_loss(logps, old_logps, *args, **kwargs):
+        calls.append((logps.detach().clone(), old_logps))
+        return grpo_loss(logps, old_logps, *args, **kwargs)
+    monkeypatch.setattr(minies.grpo, "grpo_loss", recording_loss)
+    reference_logps = algo.reference_logps
+    algo.reference_logps = lambda *args: references.append(1) or reference_logps(*args)
+    log = algo.update(r, adv)
+    first, second = calls[:len(calls) // 2], calls[len(calls) // 2:]
+    assert len(first) == len(second) == 4 and len(references) == 1
+    for (logps, old), (later_logps, later_old) in zip(first, second):
+        assert torch.equal(old, logps) and torch.equal(later_old, logps)
+        assert not torch.equal(later_logps, logps)  # the first step moved the policy
+    assert {"entropy", "kl"} <= log.keys()
 
 
 def test_gradient_checkpointing_gives_the_same_gradient(tiny_model_dir):

@@ -58,7 +58,7 @@ def test_es_records_the_resolved_mode_and_master_device(tiny_model_dir):
     assert ESConfig().mode == "auto"
     for mode, resolved in (("auto", "lowrank"), ("inplace", "inplace")):
         es = make_es(tiny_model_dir, mode=mode)
-        lowrank = isinstance(es.population, LowRankPopulation)
+        lowrank = isinstance(es.lowrank, LowRankPopulation)
         assert (es.config.mode, lowrank, es.config.master_device) == (resolved, resolved == "lowrank", "cpu")
         assert all(t.master.device == CPU and not t.master.is_pinned() for t in es.tensors)
 

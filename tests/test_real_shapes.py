@@ -1,6 +1,6 @@
 """The real-model path on Qwen2.5's architecture and formats, with random weights and no download:
 a scaled-down Qwen2.5-0.5B saved like a hub model (bench/qwen_shapes.py), loaded in float32 and 8-bit,
-its ChatML template, left-padded generation and re-scoring, and bench/gpu_check.py run on the CPU."""
+its ChatML template, left-padded generation and re-scoring, and bench/gpu.py run on the CPU."""
 import weakref
 
 import pytest
@@ -8,7 +8,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
-from bench import gpu_check
+from bench import gpu
 from bench.qwen_shapes import (QWEN2_SHAPES, SYSTEM, memory_rows, memory_table, parameter_count, save_random_qwen2,
                                scaled_shape)
 from conftest import REPO
@@ -97,12 +97,20 @@ def test_generate_left_padded_and_rescoring_match(qwen, one_thread):
             torch.testing.assert_close(batch[i, keep], alone[0, keep], atol=1e-4, rtol=0)
 
 
-def test_gpu_check_runs_on_cpu(tmp_path, one_thread, capsys):
-    """Every algorithm, 2 steps of train.py on Qwen2.5's shapes and formats, in float32 and in 8-bit."""
-    rows, exact = gpu_check.main(["--shape", "scaled", "--allow-cpu", "--dtypes", "float32,float32+8bit",
-                                  "--steps", "2", "--max-new-tokens", "4", "--prompts", "4", "--out", str(tmp_path)])
-    assert len(rows) == 12 and all(passed for _, _, passed, *_ in rows), capsys.readouterr().out
-    assert exact == {"float32": True, "float32+8bit": True}
+def test_every_gpu_check_runs_at_toy_size_on_cpu(tmp_path, one_thread, capsys):
+    """python -m bench.gpu --toy: ES in place and lowrank and GRPO for a step of train.py on Qwen2.5's shapes and
+    formats, in float32 and in 8-bit; ES and GRPO under torchrun (gloo here); the exact restore; decoding eager
+    against compiled (compiled on the CPU here), with the same greedy tokens; one table."""
+    rows = gpu.main(["--toy", "--out", str(tmp_path)])
+    out = capsys.readouterr().out
+    assert [(part, setting) for part, setting, *_ in rows] == [
+        ("train", "es-inplace float32"), ("train", "es-lowrank float32"), ("train", "grpo float32"),
+        ("train", "es-inplace float32+8bit"), ("train", "es-lowrank float32+8bit"), ("train", "grpo float32+8bit"),
+        ("torchrun", "es-inplace float32"), ("torchrun", "grpo float32"),
+        ("restore", "2 cycles float32"), ("restore", "2 cycles float32+8bit"),
+        ("decode", "batch 1 float32"), ("decode", "batch 2 float32"), ("decode", "follows ES's in-place writes")]
+    assert all(passed for _, _, passed, *_ in rows), out
+    assert out.count("| pass |") == len(rows) and "| torchrun | grpo float32 | pass |" in out
 
 
 def test_the_memory_table_in_the_docs_is_the_one_qwen_shapes_computes():

@@ -6,7 +6,8 @@ decoding.py    on CUDA: a static KV cache and a compiled decoding step
 placement.py   ES: which mode scores the population, and where its fp32 masters live
 masters.py     fp32 master weights for an optimizer of half-precision parameters
 distributed.py torchrun: ranks, sharding, all-reduce
-checkpoint.py  atomic checkpoints, --resume, the log's truncation
+checkpoint.py  atomic checkpoints, the log's truncation, files written with one-line errors
+resume.py      --resume: which checkpoint, whether this command may continue it, restoring it
 guard.py       stops a diverging run before it saves
 """
 import logging

@@ -7,6 +7,7 @@ Layout of a run directory:
     latest                  name of the newest complete checkpoint, e.g. "step-000100"
     step-000100/            save_pretrained model + tokenizer, and training_state.pt
 """
+import contextlib
 import json
 import os
 import random
@@ -198,3 +199,18 @@ def truncate_log(path, step):
                     dropped.append(f"{path} line {number} is not a log row (a write cut short?): dropped it")
     _write_text_atomic(path, "".join(kept))
     return dropped
+
+
+@contextlib.contextmanager
+def written(path, opened=None):
+    """Open `path` for writing (or use the already `opened` file); a full disk or a file-size limit becomes one
+    line naming the file."""
+    try:
+        if opened is not None:
+            yield opened
+        else:
+            with open(path, "w") as f:
+                yield f
+    except OSError as e:
+        raise UserError(f"could not write {path} ({e.strerror}); free some space and pass --resume to continue "
+                        "from the last checkpoint") from None

@@ -5,19 +5,30 @@ than half of it rounds away. An AdamW step moves each weight by about lr: at lr 
 spacing for every |w| > 5.1e-4 (2^9·lr), nearly every weight, so AdamW run on the weights themselves
 loses nearly every step (5 GRPO steps at lr 1e-6 move 1.5% of the shipped model's weights in bfloat16).
 
-So MasterWeights keeps an fp32 copy (the master) of each half-precision parameter, on its device. The
-optimizer, and so its state, acts on the masters; after each step the model's parameter is written as
-its master's rounding. Steps add up in the master until they cross a rounding boundary of the model's
-dtype, and the model only ever holds cast(master).
+So the optimizer steps an fp32 copy (the master, fp32_master) of each half-precision parameter, on the
+parameter's device, and after each step the parameter is written as its master's rounding. Steps add up in
+the master until they cross a rounding boundary of the model's dtype, and the model only ever holds
+cast(master). A float32 parameter is its own master: no copy, the optimizer steps it in place, and float32
+training is bit for bit what the optimizer alone computes. LoRA adapters are float32 whatever the base's
+dtype (minies/lora.py), so they are their own masters too.
 
-A float32 parameter is its own master: no copy, the optimizer steps it in place, and float32 training is
-bit for bit what the optimizer alone computes. LoRA adapters are float32 whatever the base's dtype
-(minies/lora.py), so they are their own masters too.
+Two optimizers use this: MasterWeights wraps a torch optimizer (GRPO's AdamW) around the masters, and IVON
+(minies/ivon.py) keeps each master in its per-parameter state, as the posterior mean θ it samples around and
+steps; both make them with fp32_master.
 
-IVON (minies/ivon.py) keeps the masters of its low-precision parameters in its own state; ES keeps its
-masters in minies/perturbed.py.
+In-place ES keeps masters of its own (minies/perturbed.py, PerturbedTensor.master), for reasons these do not
+share: it writes perturbed weights cast(master + σ·ε) into the model as well as clean ones, so a float32
+weight cannot be its own master either: every weight has a copy, from which a clean write restores bit for
+bit; an 8-bit weight's master is its dequantized fp32 value, re-quantized on each write; and
+--master-device places the masters (the GPU, or pinned host memory) rather than beside their parameters.
 """
 import torch
+
+
+def fp32_master(param):
+    """The fp32 tensor an optimizer steps for `param`: a copy of a half-precision param (its master), or a
+    float32 param itself."""
+    return param if torch.finfo(param.dtype).bits >= 32 else param.detach().float()
 
 
 class MasterWeights:
@@ -25,7 +36,7 @@ class MasterWeights:
 
     def __init__(self, params, build):
         self.params = list(params)
-        self.masters = [p if torch.finfo(p.dtype).bits >= 32 else p.detach().float() for p in self.params]
+        self.masters = [fp32_master(p) for p in self.params]
         self.optimizer = build(self.masters)
 
     @property

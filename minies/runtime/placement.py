@@ -1,6 +1,6 @@
 """Where ES does its work: which mode scores the population (choose_mode) and where the fp32 master
-weights live (master_device). Rules resolved once in ES.__init__, alike on every rank, and recorded in
-config.json."""
+weights live (master_device). Rules resolved once as ES is built (minies/es.py: perturbed_tensors,
+resolve_mode), alike on every rank, and recorded in config.json."""
 import torch
 
 from minies import UserError

@@ -1,21 +1,28 @@
-"""A GPU check, ready to run: every algorithm for a few steps on a random model of Qwen2.5-0.5B's shape.
+"""Every GPU check in one command, one table: train.py's algorithms for a few steps, ES's exact restore,
+torchrun over NCCL, and decoding eager against compiled, on a random model of Qwen2.5-0.5B's shape.
 
-    python -m bench.gpu_check                                   # on one CUDA GPU: bfloat16 and 8-bit
-    python -m bench.gpu_check --shape scaled --allow-cpu --dtypes float32,float32+8bit   # CPU, seconds
+    python -m bench.gpu                  # on one CUDA GPU, within 8 minutes on an H100-class card
+    python -m bench.gpu --toy            # every part at toy size, on the CPU too (what the tests run)
 
-Nothing is downloaded: the model is save_random_qwen2 (bench/qwen_shapes.py) with Qwen2.5's shapes,
-special tokens and chat template, so loading, 8-bit conversion, generation and training run the same
-code a real checkpoint runs. Each (algorithm, dtype) row is a call of train.main in this process and
-reports pass/fail, peak GPU memory (torch.cuda.max_memory_allocated, reset before each run) and the
-mean step time from the run's log.jsonl. Then ES's exact restore is checked on the device: 20 cycles of
-writing perturbed weights and clean ones leave every parameter and buffer bit-identical. Last, decoding
-(CUDA only): greedy tokens/s eager against compiled (minies/runtime/decoding.py) at batches 1 to 256 in bfloat16,
-whether both give the same tokens, and whether compiled decoding follows ES's in-place writes.
+Nothing is downloaded: the model is save_random_qwen2 (bench/qwen_shapes.py) with Qwen2.5's shapes, special
+tokens and chat template, so loading, 8-bit conversion, generation and training run the code a real
+checkpoint runs. The rows:
+- train: each (algorithm, dtype) is a call of train.main in this process: pass/fail (a log row per step, no
+  NaN reward), peak GPU memory (torch.cuda.max_memory_allocated, reset before each run) and the mean step time
+  from the run's log.jsonl; ES in place and lowrank, in bfloat16 and in 8-bit, and GRPO (LoRA in 8-bit).
+- torchrun: ES in place and GRPO under `torchrun --nproc_per_node 1` (NCCL on CUDA, gloo on a CPU), in a process
+  of their own: the distributed code paths (process group, all-reduce, DDP) on the device.
+- restore: 20 cycles of ES writing perturbed weights and clean ones leave every parameter and buffer
+  bit-identical, per dtype.
+- decode: greedy tokens/s eager against compiled (minies/runtime/decoding.py) at batches 1 to 256 in bfloat16,
+  whether both give the same tokens; and whether compiled decoding follows ES's in-place writes.
 """
 import argparse
 import gc
 import json
 import os
+import subprocess
+import sys
 import tempfile
 import time
 import traceback
@@ -29,7 +36,7 @@ from minies import ArgumentParser, run_script
 from minies.config import add_arguments, from_args, option
 from minies.es import ES, ESConfig, member_seeds
 from minies.models import default_device, load_model, load_tokenizer, model_device
-from minies.runtime import set_up_process
+from minies.runtime import decoding, set_up_process
 from minies.rollout import generate
 from minies.tasks import get_task
 
@@ -43,6 +50,10 @@ GRPO_FLAGS = ["--group-size", "4"]
 ALGOS = {"es-inplace": ES_FLAGS + ["--mode", "inplace"], "es-lowrank": ES_FLAGS + ["--mode", "lowrank"],
          "grpo": ["--algo", "grpo"] + GRPO_FLAGS, "b3po": ["--algo", "b3po"] + GRPO_FLAGS,
          "m3po": ["--algo", "m3po"] + GRPO_FLAGS, "c3po": ["--algo", "c3po"] + GRPO_FLAGS}
+TORCHRUN_ALGOS = ("es-inplace", "grpo")
+# --toy: every part at toy size, on a CPU when there is no GPU (tests/test_real_shapes.py runs it).
+TOY = {"shape": "scaled", "dtypes": "float32,float32+8bit", "steps": 1, "max_new_tokens": 4, "prompts": 4,
+       "restore_cycles": 2, "decode_batches": "1,2", "decode_tokens": 4}
 LORA_8BIT = ["--lora-rank", "16"]  # 8-bit weights are not trained directly: GRPO and 3PO train LoRA adapters
 
 
@@ -51,16 +62,17 @@ class CheckConfig:
     shape: str = option("0.5b", "model shape: a Qwen2.5 size, or 'scaled' (0.5B's scaled down, for CPU tests)",
                         choices=[*QWEN2_SHAPES, "scaled"])
     dtypes: str = option("bfloat16,bfloat16+8bit", "comma-separated load dtypes; +8bit: with --load-in-8bit")
-    algos: str = option(",".join(ALGOS), "comma-separated algorithms to run")
+    algos: str = option("es-inplace,es-lowrank,grpo", f"comma-separated algorithms to run, of {', '.join(ALGOS)}")
     # Sized to run in a few minutes on one GPU: on an H200 the 0.5B shape generates a token every 24-32
     # ms in bfloat16 and every 82-121 ms in 8-bit, and in-place ES generates for each of its 8 members.
     steps: int = option(2, "training steps per run")
     max_new_tokens: int = option(32, "completion length of every rollout")
     prompts: int = option(16, "prompts per ES step (GRPO and 3PO: half as many, 4 completions each)")
     restore_cycles: int = option(20, "perturb/clean cycles of the exact-restore check")
-    decode_batches: str = option("1,8,64,256", "comma-separated batch sizes of the decoding measurement (CUDA only)")
+    decode_batches: str = option("1,8,64,256", "comma-separated batch sizes of the decoding measurement")
     decode_tokens: int = option(64, "tokens decoded per row in the decoding measurement")
-    allow_cpu: bool = option(False, "without CUDA, run on the CPU instead of stopping (for tests)")
+    toy: bool = option(False, "every part at toy size (" + ", ".join(f"--{k.replace('_', '-')} {v}" for k, v in TOY.items())
+                       + "), on the CPU when there is no GPU, with decoding compiled there too")
     out: str = option(None, "directory for the model and the runs (default: a temporary one)")
 
 
@@ -124,15 +136,35 @@ def restore_is_exact(model_dir, dtype, cycles):
     return all(torch.equal(before[name], after[name]) for name in before)
 
 
+def torchrun_one(cfg, algo, dtype, model_dir, out):
+    """Train one algorithm under `torchrun --nproc_per_node 1` in a process of its own: (passed, None, mean step
+    seconds, error)."""
+    flags = train_flags(cfg, algo, dtype, model_dir, out)
+    flags[flags.index("--run-name") + 1] += "-torchrun"
+    command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "1", "train.py", *flags]
+    done = subprocess.run(command, cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                          capture_output=True, text=True)
+    if done.returncode:
+        return False, None, float("nan"), (done.stderr.strip().splitlines() or ["failed"])[-1]
+    with open(os.path.join(out, f"{algo}-{dtype}-torchrun", "log.jsonl")) as f:
+        rows = [json.loads(line) for line in f]
+    return len(rows) == cfg.steps, None, rows[-1]["seconds"] / len(rows), None
+
+
+def synchronize():
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
 @torch.no_grad()
-def decoding_speed(model_dir, batches, new_tokens):
-    """Greedy decoding of `new_tokens` tokens for each batch of Countdown prompts in bfloat16, eager and compiled
+def decoding_speed(model_dir, dtype, batches, new_tokens):
+    """Greedy decoding of `new_tokens` tokens for each batch of Countdown prompts, eager and compiled
     (minies/runtime/decoding.py), each timed on its second call (the first compiles and records):
     ([(batch, eager tokens/s, compiled tokens/s, same tokens)], whether compiled decoding follows ES's in-place
     writes: a member's weights change the tokens sampled with one seed, and the clean weights give the clean
     tokens back; sampled, as a random model's greedy tokens hardly depend on its weights)."""
     tok = load_tokenizer(model_dir)
-    eager, compiled = (load_model(model_dir, "bfloat16").requires_grad_(False) for _ in range(2))
+    eager, compiled = (load_model(model_dir, dtype).requires_grad_(False) for _ in range(2))
     task = get_task("countdown", prompt_style="instruct")
     rows = []
     for batch in batches:
@@ -140,18 +172,24 @@ def decoding_speed(model_dir, batches, new_tokens):
         runs = []
         for model, compile_decoding in ((eager, False), (compiled, True)):
             generate(model, tok, prompts, new_tokens, greedy=True, micro_batch=batch, compile_decoding=compile_decoding)
-            torch.cuda.synchronize()
+            synchronize()
             start = time.perf_counter()
             r = generate(model, tok, prompts, new_tokens, greedy=True, micro_batch=batch,
                          compile_decoding=compile_decoding)
-            torch.cuda.synchronize()
+            synchronize()
             runs.append((r.completion_ids, r.completion_ids.numel() / (time.perf_counter() - start)))
         (eager_ids, eager_speed), (compiled_ids, compiled_speed) = runs
         rows.append((batch, eager_speed, compiled_speed, torch.equal(eager_ids, compiled_ids)))
-    es = ES(compiled, tok, task, ESConfig(params=".*", mode="inplace"))
+    return rows, follows_in_place_writes(compiled, tok, task, prompts, new_tokens, batches[-1])
 
-    def decoded():  # the last batch's prompts, in the shape already compiled
-        return generate(compiled, tok, prompts, new_tokens, micro_batch=batches[-1]).completion_ids
+
+def follows_in_place_writes(model, tok, task, prompts, new_tokens, micro_batch):
+    """Whether compiled decoding of `prompts` (a shape already compiled) sees an ES member's weights written in
+    place, and the clean weights again after them."""
+    es = ES(model, tok, task, ESConfig(params=".*", mode="inplace", sigma=0.1))  # a σ that surely changes tokens
+
+    def decoded():
+        return generate(model, tok, prompts, new_tokens, micro_batch=micro_batch).completion_ids
 
     clean = decoded()
     for t in es.tensors:
@@ -159,7 +197,7 @@ def decoding_speed(model_dir, batches, new_tokens):
     member = decoded()
     for t in es.tensors:
         t.write_clean()
-    return rows, not torch.equal(member, clean) and torch.equal(decoded(), clean)
+    return not torch.equal(member, clean) and torch.equal(decoded(), clean)
 
 
 def build_model(cfg, out):
@@ -169,41 +207,56 @@ def build_model(cfg, out):
 
 
 def check(cfg, out):
-    """Run every row and the restore checks, print them; returns ([(algo, dtype, passed, ...)], {dtype: exact})."""
+    """Every part, then one table; returns its rows: (part, setting, passed, peak GiB or None, measured, note)."""
     model_dir = build_model(cfg, out)
     dtypes, algos = cfg.dtypes.split(","), cfg.algos.split(",")
-    rows = [(algo, dtype, *run_one(cfg, algo, dtype, model_dir, out)) for dtype in dtypes for algo in algos]
-    exact = {dtype: restore_is_exact(model_dir, dtype, cfg.restore_cycles) for dtype in dtypes}
-    print(f"\n# gpu_check: {cfg.shape} shape, {cfg.steps} steps, {cfg.max_new_tokens} new tokens, on "
-          f"{torch.cuda.get_device_name() if torch.cuda.is_available() else 'CPU'}")
-    print(f"{'algorithm':12s} {'dtype':16s} {'result':6s} {'peak GiB':>9s} {'s/step':>8s}")
-    for algo, dtype, passed, peak, step_s, error in rows:
-        peak_text = f"{peak:9.2f}" if peak is not None else f"{'-':>9s}"
-        print(f"{algo:12s} {dtype:16s} {'pass' if passed else 'FAIL':6s} {peak_text} {step_s:8.2f}"
-              + (f"  {error}" if error else ""))
-    for dtype, ok in exact.items():
-        print(f"ES restore after {cfg.restore_cycles} cycles, {dtype}: {'bit-exact' if ok else 'NOT EXACT'}")
-    if not torch.cuda.is_available():
-        print("decoding, eager vs compiled: skipped (compiled decoding runs on CUDA only)")
-        return rows, exact
-    speeds, follows = decoding_speed(model_dir, [int(b) for b in cfg.decode_batches.split(",")], cfg.decode_tokens)
-    print(f"\n# greedy decoding, bfloat16, {cfg.decode_tokens} tokens per row (tokens/s: rows x decoding steps)")
-    print(f"{'batch':>6s} {'eager tok/s':>12s} {'compiled tok/s':>15s} {'speedup':>8s}  same tokens")
-    for batch, eager_speed, compiled_speed, same in speeds:
-        print(f"{batch:6d} {eager_speed:12.0f} {compiled_speed:15.0f} {compiled_speed / eager_speed:7.1f}x  "
-              f"{'yes' if same else 'no'}")
-    print(f"compiled decoding follows ES's in-place writes (a member changes the tokens, clean restores them): "
-          f"{'yes' if follows else 'NO'}")
-    return rows, exact
+    rows = [("train", f"{algo} {dtype}", *step_row(run_one(cfg, algo, dtype, model_dir, out)))
+            for dtype in dtypes for algo in algos]
+    rows += [("torchrun", f"{algo} {dtypes[0]}", *step_row(torchrun_one(cfg, algo, dtypes[0], model_dir, out)))
+             for algo in TORCHRUN_ALGOS]
+    rows += [("restore", f"{cfg.restore_cycles} cycles {dtype}", restore_is_exact(model_dir, dtype, cfg.restore_cycles),
+              None, "bit-exact", None) for dtype in dtypes]
+    devices = decoding.DEVICES
+    if cfg.toy:
+        decoding.DEVICES = ("cuda", "cpu")  # compiled on a CPU too, as tests/test_decoding.py runs it
+    try:
+        speeds, follows = decoding_speed(model_dir, dtypes[0].partition("+")[0],
+                                         [int(b) for b in cfg.decode_batches.split(",")], cfg.decode_tokens)
+    finally:
+        decoding.DEVICES = devices
+    rows += [("decode", f"batch {batch} {dtypes[0].partition('+')[0]}", same, None,
+              f"{eager:.0f} -> {compiled:.0f} tok/s ({compiled / eager:.1f}x)", None if same else "tokens differ")
+             for batch, eager, compiled, same in speeds]
+    rows.append(("decode", "follows ES's in-place writes", follows, None, "-", None))
+    print_table(cfg, rows)
+    return rows
+
+
+def step_row(result):
+    passed, peak, step_s, error = result
+    return passed, peak, f"{step_s:.2f} s/step", error
+
+
+def print_table(cfg, rows):
+    device = torch.cuda.get_device_name() if torch.cuda.is_available() else "CPU"
+    print(f"\n# bench.gpu: {cfg.shape} shape, {cfg.steps} steps, {cfg.max_new_tokens} new tokens, on {device}")
+    print("| part | setting | result | peak GiB | measured |\n|---|---|---|---:|---|")
+    for part, setting, passed, peak, measured, note in rows:
+        peak_text = f"{peak:.2f}" if peak is not None else "-"
+        print(f"| {part} | {setting} | {'pass' if passed else 'FAIL'} | {peak_text} | {measured}"
+              + (f"; {note}" if note else "") + " |")
 
 
 def main(argv=None):
     parser = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_arguments(parser, CheckConfig, "gpu check")
+    add_arguments(parser, CheckConfig, "bench.gpu")
     cfg = from_args(CheckConfig, parser.parse_args(argv))
     set_up_process(default_device())  # every process-wide setting, as train.py makes them (minies/runtime)
-    if not torch.cuda.is_available() and not cfg.allow_cpu:
-        print("bench.gpu_check needs a CUDA GPU (or --allow-cpu with --shape scaled); nothing to do here")
+    if cfg.toy:
+        for key, value in TOY.items():
+            setattr(cfg, key, value)
+    elif not torch.cuda.is_available():
+        print("bench.gpu needs a CUDA GPU (or --toy, which runs every part at toy size on the CPU); nothing to do here")
         return None
     if cfg.out:
         return check(cfg, cfg.out)
