@@ -59,6 +59,8 @@ class TrainConfig(TaskOptions, ModelOptions):
     run_name: str = option(None, "run name (default: <algo>-<task>-seed<seed>)")
     resume: bool = option(False, "continue the run in out/<run-name> from its latest checkpoint")
     save_every: int = option(25, "checkpoint every k steps (and at the end)", check="positive")
+    keep_checkpoints: int = option(2, "checkpoints kept on disk: each save deletes all but the newest k (two: one "
+                                   "still loads if the newest is damaged after it was written)", check="positive")
     eval_every: int = option(25, "held-out pass@1, greedy accuracy, entropy, malformed and truncated rates every "
                                  "k steps (0: only before and after)", check="non_negative")
     eval_problems: int = option(None, "held-out problems for the evaluations (default: all of the test split: 500 "
@@ -181,7 +183,7 @@ def main(argv=None):
             append_row(log, row)
             bar.set_postfix(reward=f"{stats.get('reward_mean', 0):.3f}")
         if (step + 1) % cfg.save_every == 0 or step + 1 == cfg.steps:
-            save(run_dir, step + 1, algo, tok, {"tokens": tokens, "before": before}, main_rank)
+            save(run_dir, step + 1, algo, tok, {"tokens": tokens, "before": before}, cfg.keep_checkpoints)
     bar.close()
 
     after = heldout(model, tok, task, cfg, before["n"], main_rank)
@@ -237,10 +239,10 @@ def guarded_step(algo, task, step_seed, step, model, weight_bound):
     return stats
 
 
-def save(run_dir, step, algo, tok, progress, main_rank):
+def save(run_dir, step, algo, tok, progress, keep):
     """Checkpoint `step` (written by the main process; every process waits for it)."""
-    if main_rank:
-        checkpoint.save(run_dir, step, algo.model_to_save(), tok, {"algorithm": algo.state_dict(), **progress})
+    if distributed.is_main():
+        checkpoint.save(run_dir, step, algo.model_to_save(), tok, {"algorithm": algo.state_dict(), **progress}, keep)
     distributed.barrier()
 
 

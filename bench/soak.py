@@ -69,7 +69,9 @@ def watch(command, run_dir, marks):
     first holds that many lines, and the wall time."""
     log_path, seen, lines, offset = os.path.join(run_dir, "log.jsonl"), {}, 0, 0
     started = time.time()
-    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    # stderr to a file, not a pipe: a long run's progress bar would fill a pipe nobody reads until the end.
+    errors = tempfile.TemporaryFile("w+")
+    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=errors, text=True)
     while process.poll() is None:
         time.sleep(0.2)
         if os.path.exists(log_path):
@@ -82,7 +84,8 @@ def watch(command, run_dir, marks):
             if mark not in seen and lines >= mark:
                 seen[mark] = (resident_bytes(process.pid), disk_bytes(run_dir), offset)
     if process.returncode:
-        sys.exit(f"error: {' '.join(command)} failed:\n{process.stderr.read()[-2000:]}")
+        errors.seek(0)
+        sys.exit(f"error: {' '.join(command)} failed:\n{errors.read()[-2000:]}")
     return seen, time.time() - started
 
 

@@ -1,10 +1,10 @@
 """The log row of an ES step: what the population's rollouts show beyond the rewards the update uses.
 
-ES.step calls step_log once, after its update, on every rank, with what the step measured and counted;
-the log only reads it, and nothing here feeds back into the algorithm. The row holds the members' rewards, how far their spread stands above the noise of measuring
-one member (fitness_snr), how differently they answer (js_diversity, minies/analysis.py), the share of
-truncated completions, with in-place 8-bit scoring the share of int8 weights the perturbations clamp, the
-update's norm, the drift ‖θ − θ0‖, and the step's speed.
+ES.step calls step_log once, after its update, on every rank, with what the step measured and counted; the log only
+reads it, and nothing here feeds back into the algorithm. The row holds the members' rewards, how far their spread
+stands above the noise of measuring one member (fitness_snr), how differently they answer (js_diversity,
+minies/analysis.py), the share of truncated completions, with in-place 8-bit scoring the share of int8 weights the
+perturbations clamp, the update's norm, the drift ‖θ − θ0‖, and the step's speed.
 """
 import time
 

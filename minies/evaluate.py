@@ -1,11 +1,11 @@
-"""Held-out evaluation shared by eval.py and train.py: pass@k from n samples per problem, greedy
-accuracy, malformed rate, the reward scheme's mean format credit ("format_reward"), truncated rate (completions cut off at max_new_tokens, which a reasoning model
-needs to watch: a cut-off trace has no answer), mean full-vocabulary token entropy, mean completion
-length, and for tasks with several correct solutions per problem (Countdown) how many distinct ones the n
-samples found per solved problem ("distinct_correct") and which share of all of them ("solution_coverage").
-"ci95_pass@1" is the half-width of pass@1's 95% interval over problems: 1.96 standard errors of the mean of
-the problems' own pass@1 (a run that moves pass@1 by less than the two intervals' overlap may not have moved
-it at all)."""
+"""Held-out evaluation shared by eval.py and train.py: pass@k from n samples per problem, greedy accuracy,
+malformed rate, the reward scheme's mean format credit ("format_reward"), truncated rate (completions cut off at
+max_new_tokens, which a reasoning model needs to watch: a cut-off trace has no answer), mean full-vocabulary token
+entropy, mean completion length, and for tasks with several correct solutions per problem (Countdown) how many
+distinct ones the n samples found per solved problem ("distinct_correct") and which share of all of them
+("solution_coverage"). "ci95_pass@1" is the half-width of pass@1's 95% interval over problems: 1.96 standard errors
+of the mean of the problems' own pass@1 (a run that moves pass@1 by less than the two intervals' overlap may not
+have moved it at all)."""
 import numpy as np
 import torch
 from tqdm import tqdm

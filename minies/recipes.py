@@ -184,10 +184,11 @@ def prompt_style_for(style, config):
 
 
 def own_recipe(model):
-    """The name of the recipe a local model directory names for itself (`minies_recipe` in its config.json),
-    or a packaged model's (minies/gguf.py, by its name or its file's path), or None. Hub ids get none here:
-    parsing flags (and --help) never waits on the network, and a model whose config cannot be read gets none either, for loading it later to say why. A GGUF file is read through its
-    converted directory only when that exists already: parsing flags never converts one."""
+    """The name of the recipe a local model directory names for itself (`minies_recipe` in its config.json), or a
+    packaged model's (minies/gguf.py, by its name or its file's path), or None. Hub ids get none here: parsing
+    flags (and --help) never waits on the network, and a model whose config cannot be read gets none either, for
+    loading it later to say why. A GGUF file is read through its converted directory only when that exists already:
+    parsing flags never converts one."""
     if packaged_recipe(model) is not None:
         return packaged_recipe(model)
     model = packaged_file(model)  # a packaged model's name stands for its GGUF file

@@ -26,6 +26,7 @@ BAD = {
     "train grpo: --lr nan": ("train.py", ["--algo", "grpo", "--lr", "nan"], "--lr"),
     "train b3po: --lr nan": ("train.py", ["--algo", "b3po", "--lr", "nan"], "--lr"),
     "train: --save-every 0": ("train.py", ["--save-every", 0], "--save-every"),
+    "train: --keep-checkpoints 0": ("train.py", ["--keep-checkpoints", 0], "--keep-checkpoints"),
     "train: --prompts-per-step 0": ("train.py", ["--prompts-per-step", 0], "--prompts-per-step"),
     "train: --eval-problems 0": ("train.py", ["--eval-problems", 0], "--eval-problems"),
     "eval: --problems 0": ("eval.py", ["--problems", 0], "--problems"),
@@ -158,6 +159,17 @@ def trained(tmp_path_factory, model_dir):
                                  *TINY)
     assert code == 0
     return out
+
+
+def test_keep_checkpoints_keeps_the_newest(tmp_path, model_dir, trained):
+    """--keep-checkpoints k: each save deletes all but the newest k checkpoints (the default keeps 2); it may change
+    on --resume."""
+    assert sorted(d.name for d in (trained / RUN).glob("step-*")) == ["step-000001", "step-000002"]
+    out = tmp_path / "out"
+    shutil.copytree(trained, out)
+    code, _ = run_in_process("train.py", "--model", model_dir, "--out", out, "--steps", 4, "--save-every", 1,
+                             "--keep-checkpoints", 1, "--resume", *TINY)
+    assert code == 0 and sorted(d.name for d in (out / RUN).glob("step-*")) == ["step-000004"]
 
 
 @pytest.mark.parametrize("name", list(BAD))

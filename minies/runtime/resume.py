@@ -65,11 +65,12 @@ def open_log(run_dir, start_step, resume_from):
     return open(path, "a" if resume_from else "w")
 
 
-# Settings a resumed run may change: how long it runs, how often it evaluates and saves, where (not how) ES
-# keeps its masters, and whether decoding is compiled. --recipe is a way of giving settings, not one: the values
-# it resolves to are compared. Any other difference would continue one run with the settings of another.
-MAY_CHANGE_ON_RESUME = {"steps", "eval_every", "save_every", "resume", "out", "run_name", "master_device",
-                        "compile_decoding", "recipe"}
+# Settings a resumed run may change: how long it runs, how often it evaluates and saves and how many checkpoints it
+# keeps, where (not how) ES keeps its masters, and whether decoding is compiled. --recipe is a way of giving
+# settings, not one: the values it resolves to are compared. Any other difference would continue one run with the
+# settings of another.
+MAY_CHANGE_ON_RESUME = {"steps", "eval_every", "save_every", "keep_checkpoints", "resume", "out", "run_name",
+                        "master_device", "compile_decoding", "recipe"}
 
 
 def check_resumed_settings(run_dir, cfg, algo_cfg, by_recipe):

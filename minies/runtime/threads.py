@@ -6,11 +6,12 @@ threads gets that core only half the time, and the others wait for it at each of
 of a step: on a 2-core machine beside one busy process, a step took 3.4x (ES) to 4.3x (GRPO) its quiet time,
 where the same step on one thread lost nothing (docs/speed.md, "A CPU shared with other work").
 
-So a script that turns it on (set_up_process, minies/runtime/__init__.py) measures, before each
-generation, how many cores the *other* programs used since the last look (the machine's busy time in
-/proc/stat less this process's own), and runs on the cores left, at most as many threads as it started
-with, at least one. On a quiet machine nothing changes. The thread count changes no result: the shipped models' rewards and weights were bit-identical on one thread and on two (a logged norm
-differed in its last digits). OMP_NUM_THREADS, when set, wins: the count is then fixed.
+So a script that turns it on (set_up_process, minies/runtime/__init__.py) measures, before each generation, how
+many cores the *other* programs used since the last look (the machine's busy time in /proc/stat less this process's
+own), and runs on the cores left, at most as many threads as it started with, at least one. On a quiet machine
+nothing changes. The thread count changes no result: the shipped models' rewards and weights were bit-identical on
+one thread and on two (a logged norm differed in its last digits). OMP_NUM_THREADS, when set, wins: the count is
+then fixed.
 """
 import os
 import time
