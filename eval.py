@@ -17,9 +17,9 @@ import os
 import sys
 from dataclasses import dataclass
 
-from minies import ArgumentParser, UserError, check_thread_variable, check_writable, note_compile_decoding, run_script
+from minies import ArgumentParser, UserError, check_thread_variable, check_writable, run_script
 from minies.runtime import set_up_process
-from minies.config import ModelOptions, TaskOptions, add_arguments, checked, from_args, option
+from minies.config import ModelOptions, TaskOptions, add_arguments, checked, from_args, note_compile_decoding, option
 from minies.evaluate import evaluate
 from minies.models import default_device, default_model, load_config, load_model, load_tokenizer, position_notes
 from minies.recipes import own_recipe, recipe_defaults, recipe_origins, prompt_style_for

@@ -21,9 +21,9 @@ from dataclasses import asdict, dataclass
 import torch
 from tqdm import tqdm
 
-from minies import ArgumentParser, UserError, check_thread_variable, check_writable, note_compile_decoding, run_script
+from minies import ArgumentParser, UserError, check_thread_variable, check_writable, run_script
 from minies import typed_flags
-from minies.config import ModelOptions, TaskOptions, add_arguments, from_args, option
+from minies.config import ModelOptions, TaskOptions, add_arguments, from_args, note_compile_decoding, option
 from minies.evaluate import evaluate
 from minies.models import default_device, default_model, load_config, load_model, load_tokenizer, position_notes
 from minies.recipes import RECIPES, own_recipe, prompt_style_for, recipe_defaults, recipe_origins

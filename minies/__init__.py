@@ -45,16 +45,6 @@ def check_thread_variable():
                         "(OMP_NUM_THREADS=2: two threads), or unset it to run on the cores other programs leave free")
 
 
-def note_compile_decoding(argv, compile_decoding, device):
-    """One note when --compile-decoding is given on a machine where decoding is not compiled. On by default, it
-    says nothing: a default that does nothing here asks nothing of the user."""
-    from minies.runtime.decoding import DEVICES  # here, not above: minies.runtime imports this module
-
-    if compile_decoding and "compile_decoding" in typed_flags(argv) and device.type not in DEVICES:
-        print("note: --compile-decoding does nothing here: decoding is compiled only on CUDA, and this machine "
-              "decodes eagerly on its CPU (minies/runtime/decoding.py)", file=sys.stderr)
-
-
 def check_writable(directory, flag):
     """Fail at once, not after the work, when `directory` can neither be written nor created (`flag` names
     the option that chose it). Creates nothing: a run that fails later leaves no empty directories."""

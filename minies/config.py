@@ -7,8 +7,11 @@ import argparse
 import dataclasses
 import math
 import re
+import sys
 
+from minies import typed_flags
 from minies.models import DTYPES
+from minies.runtime import decoding
 from minies.tasks import ALL_PROMPT_STYLES, DEFAULT_TASK, REWARDS, TASKS
 
 # check -> (what a valid value is, for floats and for ints; the test). The test sees a float or an int.
@@ -152,3 +155,11 @@ def option_of(config_class, name):
     """Field `name` of another config dataclass, for a script that takes the same flag: declared once."""
     f = next(f for f in dataclasses.fields(config_class) if f.name == name)
     return dataclasses.field(default=f.default, metadata=f.metadata)
+
+
+def note_compile_decoding(argv, compile_decoding, device):
+    """One note when --compile-decoding is given on a machine where decoding is not compiled. On by default, it
+    says nothing: a default that does nothing here asks nothing of the user."""
+    if compile_decoding and "compile_decoding" in typed_flags(argv) and device.type not in decoding.DEVICES:
+        print("note: --compile-decoding does nothing here: decoding is compiled only on CUDA, and this machine "
+              "decodes eagerly on its CPU (minies/runtime/decoding.py)", file=sys.stderr)
