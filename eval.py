@@ -86,12 +86,12 @@ def main(argv=None):
         print(f"note: {note}", file=sys.stderr)
     tok = load_tokenizer(cfg.model)
     if cfg.show_prompt:
-        prompt = task.prompts(tok, task.test_problems()[:1], cfg.chat_template)[0]
+        prompt = task.prompts(tok, task.test_problems(1), cfg.chat_template)[0]
         print(prompt)
         print(f"({len(encode(tok, [prompt])['input_ids'][0])} tokens: {style} prompt style, {cfg.task})", file=sys.stderr)
         return
     model = load_model(cfg.model, cfg.dtype, cfg.load_in_8bit)
-    metrics = evaluate(model, tok, task, task.test_problems()[:cfg.problems], n=cfg.n, ks=cfg.k,
+    metrics = evaluate(model, tok, task, task.test_problems(cfg.problems), n=cfg.n, ks=cfg.k,
                        temperature=cfg.temperature, seed=cfg.seed, micro_batch=cfg.micro_batch,
                        chat_template=cfg.chat_template, compile_decoding=cfg.compile_decoding, progress=True)
     print(f"{cfg.model} on {cfg.task} ({metrics['problems']} held-out problems, n={cfg.n}, T={cfg.temperature}, "

@@ -121,7 +121,7 @@ def print_settings(argv, names, cfg, algo_cfg):
 
 def heldout(model, tok, task, cfg, n, progress=False):
     model.eval()
-    return evaluate(model, tok, task, task.test_problems()[:cfg.eval_problems], n=n, ks=[k for k in (1, 16) if k <= n],
+    return evaluate(model, tok, task, task.test_problems(cfg.eval_problems), n=n, ks=[k for k in (1, 16) if k <= n],
                     seed=cfg.seed, chat_template=cfg.chat_template, compile_decoding=cfg.compile_decoding,
                     progress=progress)
 

@@ -1,11 +1,15 @@
 """Countdown's brute force (distinct solutions, solvability), the varied references of the Countdown warm
 start, the shipped Countdown model, and --task countdown choosing it when no --model is given."""
+import json
 import os
+import random
+import re
 
 import pytest
 
 import train
 from conftest import run_in_process
+from minies import UserError
 from minies.evaluate import evaluate, solution_metrics
 from scripts.make_tiny import varied_references
 from minies.models import SHIPPED_MODEL, SHIPPED_MODELS, load_model, load_tokenizer
@@ -67,6 +71,49 @@ def test_distinct_correct_solutions_are_counted():
 def test_solvable():
     assert solvable([3, 7, 12], 33) and solvable([3, 4, 8], 6)
     assert not solvable([1, 1, 1], 100) and not solvable([7], 8) and not solvable([2, 2], 5)
+    assert solvable([5, 5, 5], 0) and solvable([4, 2], "0.5") and solvable([3, 7], -4) and not solvable([3, 3], 2)
+    # 5 and 6 numbers, past the parts that are looked up whole: the goal is split, and split again
+    assert solvable([97, 89, 83, 79, 73, 71], 1) and solvable([2, 3, 5, 7, 11, 13], 30030)
+    assert not solvable([97, 89, 83, 79, 73, 2], 10**9 + 7) and not solvable([1, 1, 1, 1, 1, 1], 1000)
+
+
+def test_solvable_agrees_with_the_brute_force():
+    rng = random.Random(0)
+    for count in (2, 3, 3, 4):
+        for _ in range(60):
+            numbers = [rng.randint(1, 12) for _ in range(count)]
+            target = rng.choice([rng.randint(-30, 200), rng.choice(["0.5", "2.25", "13.333333333333334", "-1.5"])])
+            assert solvable(numbers, target) == bool(solutions(numbers, target)), (numbers, target)
+
+
+def test_a_large_files_solvability_is_sampled(tmp_path):
+    path = tmp_path / "data.jsonl"
+    rows = [{"nums": [1, i], "target": i + 1 if i % 4 else 10**6} for i in range(2, 1002)]  # a quarter: none
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    task = Countdown(data=path, test_size=1)
+    [note] = [n for n in task.notes if "no solution" in n]
+    match = re.fullmatch(rf"about ([0-9]+)% of the 999 training problems of {path} have no solution \(([0-9]+) of 200 "
+                         r"checked at random\): they can only score 0", note)
+    assert match and 15 <= int(match.group(1)) <= 35 and abs(int(match.group(1)) - int(match.group(2)) / 2) < 1
+    path.write_text("".join(json.dumps({"nums": [1, i], "target": 10**6}) + "\n" for i in range(2, 1002)))
+    with pytest.raises(UserError, match=r"no training problem of 200 drawn at random from its 999 can be solved"):
+        Countdown(data=path, test_size=1)
+
+
+@pytest.mark.parametrize("target,reason", [
+    (1e308, '"target" 1e+308 is out of range: a target written with a point or an exponent must be 0 or from 0.0001 '
+            "to 1e+16 in size (an integer may be larger)"),
+    (1e-7, '"target" 1e-07 is out of range'),
+    (float("nan"), '"target" must be a number'),
+])
+def test_a_target_past_what_a_float_holds_is_out_of_range(tmp_path, target, reason):
+    path = tmp_path / "data.jsonl"
+    path.write_text(json.dumps({"nums": [1, 2], "target": 3}) + "\n" + json.dumps({"nums": [1, 2], "target": target}))
+    with pytest.raises(UserError) as e:
+        Countdown(data=path)
+    assert str(e.value).startswith(f"{path} line 2: {reason}") and "\n" not in str(e.value)
+    path.write_text("\n".join(json.dumps({"nums": [1, 2], "target": t}) for t in (3, 1e15, 0.0, 10**30)))
+    assert len(Countdown(data=path).test_problems()) == 2  # the edges of the range, and a large integer
 
 
 @pytest.mark.parametrize("count,size", [(3, 300), (4, 40)])

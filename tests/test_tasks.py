@@ -304,6 +304,23 @@ def test_gsm8k_malformed_line(tmp_path, bad):
     assert str(path) in message and "line 3" in message and "\n" not in message
 
 
+@pytest.mark.parametrize("bad,reason", [
+    (json.dumps({"question": "", "answer": "#### 2"}), '"question" is empty: there is nothing to ask'),
+    (json.dumps({"question": " \n", "answer": "#### 2"}), '"question" is empty'),
+    (json.dumps({"question": "q", "answer": "#### " + "9" * 100}),
+     'the answer after "####" has 100 characters; scoring reads numbers of at most 40, so no completion could be '
+     "right"),
+])
+def test_gsm8k_rows_that_cannot_be_answered_right_are_errors(tmp_path, bad, reason):
+    path = tmp_path / "data.jsonl"
+    path.write_text("\n".join([GOOD, json.dumps({"question": "2+2?", "answer": "#### 4"}), bad]) + "\n")
+    with pytest.raises(UserError) as e:
+        GSM8K(data=path)
+    assert str(e.value).startswith(f"{path} line 3: {reason}") and "\n" not in str(e.value)
+    path.write_text("\n".join([GOOD, json.dumps({"question": "big?", "answer": "#### 1" + ",000" * 13})]) + "\n")
+    assert len(GSM8K(data=path).test_problems()) == 1  # 40 characters once its commas are gone: it can be answered
+
+
 def test_gsm8k_small_file(tmp_path):
     path = tmp_path / "data.jsonl"
     path.write_text(GOOD + "\n\n" + json.dumps({"question": "2+2?", "answer": "#### 4"}) + "\n")

@@ -1,7 +1,7 @@
 """Tasks with verifiable rewards: prompts in several styles, ground truth, train and test splits, a verifier.
 
-One file per task (arithmetic, countdown, gsm8k); base.py holds what they share, difficulty.py the checks of
-the generated tasks' difficulty flags, expressions.py Countdown's arithmetic.
+One file per task (arithmetic, countdown, gsm8k); base.py holds what they share, data.py reads data files,
+difficulty.py the checks of the generated tasks' difficulty flags, expressions.py Countdown's arithmetic.
 """
 from minies import UserError
 from minies.tasks.arithmetic import Arithmetic

@@ -22,15 +22,19 @@ alone, `train_problems=N` takes its first N rows to train on and the rest to tes
 (Qiu et al.'s regime: the first 200 rows, then the last 2,000); without it, a fallback shuffles the file
 with the seed and holds out `test_size` rows (at most half), which `notes` report. A fixed
 training set (`train_problems=N`) is the same N problems every step; otherwise training draws shuffled
-passes over the training rows, or fresh generated problems.
+passes over the training rows, or fresh generated problems. A data file's problems are parsed when used
+(minies/tasks/data.py): its rows are shuffled, split and drawn by position.
 """
 import dataclasses
-import json
 import random
 import re
+from array import array
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from minies import UserError
+from minies.tasks.data import Rows, read_problems
 
 FORMAT_BONUS = 0.1
 ANSWER_TAG = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
@@ -142,55 +146,66 @@ class Task:
         if data is None and eval_data is None and self.needs_data:
             raise UserError(self.data_help)
         self.notes = []  # what the scripts print for the user: how the data was split, what was left out
-        rows = read_problems(data, self.parse_row, "--data") if data is not None else None
+        rows = self.read(data, "--data") if data is not None else None
         if eval_data is not None:
-            self._test = read_problems(eval_data, self.parse_row, "--eval-data", least=1)
+            self._test = self.read(eval_data, "--eval-data", least=1)
         elif rows is not None and train_problems is not None:
             if len(rows) <= train_problems:
                 raise UserError(f"--train-problems {train_problems}: {data} has {len(rows)} problems, which leaves "
                                 "none to evaluate on; pass --eval-data FILE or lower --train-problems")
             rows, self._test = rows[:train_problems], rows[train_problems:]
         elif rows is not None:
-            random.Random(f"{self.name}-split-{seed}").shuffle(rows)
-            n_test = min(test_size, len(rows) // 2)
-            self._test, rows = rows[:n_test], rows[n_test:]
+            order = array("q", range(len(rows)))  # shuffling positions draws as shuffling the rows would
+            random.Random(f"{self.name}-split-{seed}").shuffle(order)
+            n_test, order = min(test_size, len(rows) // 2), np.frombuffer(order, dtype=np.int64)
+            self._test, rows = rows.pick(order[:n_test]), rows.pick(order[n_test:])
             self.notes.append(f"no --eval-data: holding out {n_test} of the {n_test + len(rows)} problems of {data} "
                               "(shuffled with --seed) to evaluate on")
         else:
-            self._test = self._draw(random.Random(f"{self.name}-test-{seed}"), test_size, set())
-        self._test_questions = {p.question for p in self._test}
-        if rows is not None:
-            kept = [p for p in rows if p.question not in self._test_questions]
-            if not kept:
+            self._test = self._draw(random.Random(f"{self.name}-test-{seed}"), test_size, lambda question: False)
+        self._held_out = (self._test.has_question if isinstance(self._test, Rows) else
+                          {p.question for p in self._test}.__contains__)
+        if rows is not None and eval_data is not None:  # the rows of one file are distinct already
+            shared = rows.shared_with(self._test)
+            if len(shared) == len(rows):
                 raise UserError(f"--data {data}: every problem is also in --eval-data {eval_data}; nothing to train on")
-            if len(kept) < len(rows):
-                self.notes.append(f"{len(rows) - len(kept)} problem(s) of --data are also in --eval-data: left out of "
+            if shared:
+                self.notes.append(f"{len(shared)} problem(s) of --data are also in --eval-data: left out of "
                                   "training")
-            rows = kept
+                rows = rows.pick(np.setdiff1d(np.arange(len(rows)), shared))
         if train_problems is not None and rows is None:
-            rows = self._draw(random.Random(f"{self.name}-train-fixed-{seed}"), train_problems, self._test_questions)
+            rows = self._draw(random.Random(f"{self.name}-train-fixed-{seed}"), train_problems, self._held_out)
         self._train = rows[:train_problems] if rows is not None and train_problems is not None else rows
         if data is not None:
             self.check_training_rows(data)
 
+    def read(self, path, flag, least=2):
+        """The problems of a data file (minies/tasks/data.py), with a note where rows repeat a question."""
+        rows, repeats = read_problems(path, self.parse_row, flag, least)
+        if repeats:
+            self.notes.append(f"{repeats} row(s) of {path} repeat an earlier row's question: merged into it, which "
+                              f"leaves {len(rows)} problem(s)")
+        return rows
+
     def check_training_rows(self, data):
         """A task that can tell a problem with no solution (Countdown) reports those of its training rows here."""
 
-    def _draw(self, rng, count, excluded):
-        """`count` distinct generated problems, none of whose questions is in `excluded`."""
-        drawn, seen = [], set(excluded)
+    def _draw(self, rng, count, held_out):
+        """`count` distinct generated problems, none of whose questions is `held_out` (a test)."""
+        drawn, seen = [], set()
         # A bounded number of tries keeps a task with few distinct problems from looping forever.
         for _ in range(100 * count):
             if len(drawn) == count:
                 break
             p = self.problem(rng)
-            if p.question not in seen:
+            if p.question not in seen and not held_out(p.question):
                 seen.add(p.question)
                 drawn.append(p)
         return drawn
 
-    def test_problems(self):
-        return list(self._test)
+    def test_problems(self, count=None):
+        """The first `count` problems of the test split (None: all of them)."""
+        return list(self._test[:count])
 
     def train_problems(self, count, seed):
         """`count` training problems drawn from `seed`, none of them in the test split. From a list of training
@@ -199,15 +214,14 @@ class Task:
         if self._train is None and self.needs_data:
             raise UserError(self.data_help)
         rng = random.Random(f"{self.name}-train-{seed}")
+        if self._train is not None:
+            return [self._train[i] for i in shuffled_passes(rng, len(self._train), count)]
         out = []
         while len(out) < count:
-            if self._train is not None:
-                out += rng.sample(self._train, len(self._train))
-                continue
             p = self.problem(rng)
-            if p.question not in self._test_questions:
+            if not self._held_out(p.question):
                 out.append(p)
-        return out[:count]
+        return out
 
     def prompts(self, tokenizer, problems, chat_template=True):
         """The model's prompt strings for `problems`, in this task's prompt style (PromptStyle)."""
@@ -238,44 +252,16 @@ class Task:
         return 1
 
 
-def read_problems(path, parse_row, flag="--data", least=2):
-    """Problems from a local data file, in the file's order: JSON Lines (one JSON value per line) or one JSON
-    list. A row that `parse_row` rejects ends with one line naming the file, the line (or list row) and what is
-    wrong. Repeated questions are kept once, so that none can land in both splits."""
-    try:
-        with open(path, "rb") as f:
-            text = f.read().decode("utf-8")
-    except (OSError, UnicodeDecodeError) as e:
-        reason = e.strerror if isinstance(e, OSError) else "not UTF-8 text"
-        raise UserError(f"{flag} {path}: cannot read it ({reason}); pass the path of a local JSON Lines file") from None
-    if text.lstrip().startswith("["):
-        try:
-            rows = [(f"row {i}", row) for i, row in enumerate(json.loads(text, object_pairs_hook=unique_keys), 1)]
-        except (ValueError, RecursionError) as e:
-            reason = "nested too deeply" if isinstance(e, RecursionError) else e
-            raise UserError(f"{path}: not valid JSON ({reason}); fix the file or write one JSON object per line") from None
-    else:
-        rows = [(f"line {i}", line) for i, line in enumerate(text.splitlines(), 1) if line.strip()]
-    problems, seen = [], set()
-    for where, row in rows:
-        try:
-            problem = parse_row(json.loads(row, object_pairs_hook=unique_keys) if isinstance(row, str) else row)
-        except (ValueError, RecursionError) as e:  # bad JSON, JSON nested past Python's stack, or a bad row
-            reason = "nested too deeply" if isinstance(e, RecursionError) else e
-            raise UserError(f"{path} {where}: {reason}; fix or delete that {where.split()[0]}") from None
-        if problem.question not in seen:
-            seen.add(problem.question)
-            problems.append(problem)
-    if len(problems) < least:
-        need = "one to test, one to train on" if least == 2 else "one to evaluate on"
-        raise UserError(f"{flag} {path}: {len(problems)} problem(s); need at least {least} ({need})")
-    return problems
-
-
-def unique_keys(pairs):
-    """A JSON object as a dict, refusing a key written twice (json keeps the last one silently)."""
-    keys = [key for key, _ in pairs]
-    repeated = sorted({key for key in keys if keys.count(key) > 1})
-    if repeated:
-        raise ValueError(f"the key {repeated[0]!r} appears twice")
-    return dict(pairs)
+def shuffled_passes(rng, n, count):
+    """The first `count` positions of rng.sample(range(n), n), then of another such pass, and so on: CPython's
+    sample of all n draws each position in turn from a pool of those not yet drawn, one randrange each, and so
+    does this, but stops after `count`. The problems of a step are those of sampling the whole list each pass,
+    at the cost of `count` draws, not n (a data file of half a million rows)."""
+    positions = []
+    while len(positions) < count:
+        pool = array("q", range(n))
+        for i in range(min(n, count - len(positions))):
+            j = rng.randrange(n - i)
+            positions.append(pool[j])
+            pool[j] = pool[n - i - 1]
+    return positions

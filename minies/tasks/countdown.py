@@ -41,6 +41,7 @@ Each reads only the completion (docs/papers.md gives the formulas):
 The expression machinery (both readers, the brute-force solver) is in minies/tasks/expressions.py. A Score's
 `malformed` means the same in every scheme: no answer that reads as an expression.
 """
+import math
 import random
 import re
 from dataclasses import dataclass, field
@@ -100,6 +101,12 @@ class Countdown(Task):
     # every subset of the numbers), about 30 times the work per added number: on one core 0.02 s for 4
     # numbers, 0.3 s for 5, 9 s for 6, and minutes for 7.
     MIN_NUMBERS, MAX_NUMBERS = 2, 6
+    # Training rows solved to tell the user of those with no solution: a few ms a row of 4 numbers, up to ~0.3 s
+    # of 6 (expressions.solvable); a larger file is sampled (check_training_rows).
+    CHECKED_ROWS = 200
+    # A target written with a point or an exponent is a float in JSON; Python writes it out in digits (as the
+    # prompt shows it) only from 1e-4 to 1e16 in size, and past 1e16 a float has lost digits of the number.
+    FLOAT_TARGETS = (1e-4, 1e16)
 
     def __init__(self, seed=0, test_size=500, numbers=None, low=None, high=None, prompt_style="terse", **kwargs):
         for flag in ("data", "eval_data"):
@@ -158,6 +165,10 @@ class Countdown(Task):
         if not (isinstance(numbers, list) and 2 <= len(numbers) <= 6
                 and all(isinstance(n, int) and not isinstance(n, bool) and n > 0 for n in numbers)):
             raise ValueError("\"numbers\" (or \"nums\") must be a list of 2 to 6 positive integers")
+        low, high = self.FLOAT_TARGETS
+        if isinstance(target, float) and not math.isnan(target) and target and not low <= abs(target) < high:
+            raise ValueError(f"\"target\" {target!r} is out of range: a target written with a point or an exponent "
+                             f"must be 0 or from {low:g} to {high:g} in size (an integer may be larger)")
         if isinstance(target, (int, float)) and not isinstance(target, bool):
             target = str(target)
         if not (isinstance(target, str) and TARGET.fullmatch(target)):
@@ -168,12 +179,22 @@ class Countdown(Task):
         return self.make_problem(numbers, target, row.get("solution"), row.get("context"))
 
     def check_training_rows(self, data):
-        unsolvable = sum(not solvable(p.numbers, p.answer) for p in self._train)
-        if unsolvable == len(self._train):
-            raise UserError(f"--data {data}: no training problem can be solved (no expression over its numbers reaches "
-                            "its target); check the file's numbers and targets")
-        if unsolvable:
-            self.notes.append(f"{unsolvable} of the {len(self._train)} training problems of {data} have no solution "
+        """Note the training rows with no solution (they can only score 0), and refuse a file where none has
+        one. Past CHECKED_ROWS rows, a sample of CHECKED_ROWS drawn at random (always the same for the same
+        number of rows) stands for them: solving every row of a large file would take minutes to hours."""
+        rows, n = self._train, len(self._train)
+        checked = range(n) if n <= self.CHECKED_ROWS else (
+            random.Random(f"countdown-check-{n}").sample(range(n), self.CHECKED_ROWS))
+        unsolvable = sum(not solvable(rows[i].numbers, rows[i].answer) for i in checked)
+        sampled = f" of {len(checked)} drawn at random from its {n}" if len(checked) < n else ""
+        if unsolvable == len(checked):
+            raise UserError(f"--data {data}: no training problem{sampled} can be solved (no expression over its "
+                            "numbers reaches its target); check the file's numbers and targets")
+        if unsolvable and sampled:
+            self.notes.append(f"about {unsolvable / len(checked):.0%} of the {n} training problems of {data} have no "
+                              f"solution ({unsolvable} of {len(checked)} checked at random): they can only score 0")
+        elif unsolvable:
+            self.notes.append(f"{unsolvable} of the {n} training problems of {data} have no solution "
                               "(no expression over their numbers reaches the target): they can only score 0")
 
     def score(self, completion, problem):

@@ -25,6 +25,9 @@ from minies.tasks.base import SolvedProblem, Task, last_answer_tag, make_score
 
 # A minus sign counts only where it cannot be subtraction, so "16-3-4=9" yields 9, not -4.
 GSM8K_NUMBER = re.compile(r"(?:(?<![\w)])-)?(?:[0-9]{1,3}(?:,[0-9]{3})+(?:\.[0-9]+)?|[0-9]*\.?[0-9]+)")
+# Scoring reads no number longer than this: longer ones never match a GSM8K answer, and Fraction() would be slow on
+# (or refuse) huge ones. A row whose answer is longer could never be answered right, so reading refuses it.
+MAX_ANSWER_CHARS = 40
 ROW_FORMAT = ('expected a JSON object with string fields "question" and "answer", the answer ending in '
               '"#### <number>"')
 
@@ -48,11 +51,18 @@ class GSM8K(Task):
         final = final.strip()
         if not sep or not GSM8K_NUMBER.fullmatch(final):
             raise ValueError(ROW_FORMAT)
+        # Rows that can never be answered right are errors, as malformed rows are, not notes.
+        answer = final.replace(",", "")
+        if not row["question"].strip():
+            raise ValueError('"question" is empty: there is nothing to ask')
+        if len(answer) > MAX_ANSWER_CHARS:
+            raise ValueError(f'the answer after "####" has {len(answer)} characters; scoring reads numbers of at most '
+                             f"{MAX_ANSWER_CHARS}, so no completion could be right")
         question = row["question"]
         if self.prompt_style == "instruct":
             question += ("\nSolve the problem step by step. Then give the final answer, a number only, inside "
                          "<answer> </answer> tags, for example <answer>42</answer>.")
-        return SolvedProblem(question, final.replace(",", ""), reasoning.rstrip())
+        return SolvedProblem(question, answer, reasoning.rstrip())
 
     def score(self, completion, problem):
         tagged = last_answer_tag(completion)
@@ -61,9 +71,9 @@ class GSM8K(Task):
         found = GSM8K_NUMBER.findall(text)
         if not found:
             return make_score(False, True)
-        # Longer numbers never match a GSM8K answer, and Fraction() would be slow on (or refuse) huge ones.
-        correct = len(found[-1]) <= 40 and Fraction(found[-1].replace(",", "")) == Fraction(problem.answer)
-        return make_score(correct, False, answer=found[-1])
+        number = found[-1]
+        correct = len(number) <= MAX_ANSWER_CHARS and Fraction(number.replace(",", "")) == Fraction(problem.answer)
+        return make_score(correct, False, answer=number)
 
     def solution(self, problem):
         """The worked solution of the data file, then its final number in the answer tag."""
