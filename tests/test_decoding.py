@@ -1,12 +1,17 @@
-"""Compiled decoding (minies/runtime/decoding.py): the rule and its flag, the buckets, and, forced onto the CPU, greedy
+"""Decoding (minies/runtime/decoding.py). Compiled: the rule and its flag, the buckets, and, forced onto the CPU, greedy
 tokens identical to eager decoding whatever the rows and prompt widths, and weights written in place (in-place
 ES's members, IVON's samples) decoded at once and restored exactly. The module compiles once (inductor on a
-CPU: tens of seconds); every compiled call stays in that one graph (8 rows, a 32-token cache)."""
+CPU: tens of seconds); every compiled call stays in that one graph (8 rows, a 32-token cache). On a CPU: the
+growing cache holds what transformers' DynamicCache holds, packed weights multiply as the weights do and are
+packed from the weights as they are at each call, and generate's tokens, greedy and sampled, equal transformers'
+own eager decoding."""
+import contextlib
 import types
 
 import pytest
 import torch
 from torch._dynamo.utils import counters
+from transformers.cache_utils import DynamicLayer
 
 import eval as eval_script
 import train
@@ -16,7 +21,7 @@ from minies.es import ES, ESConfig, member_seeds
 from minies.runtime import decoding
 from minies.ivon import IVON
 from minies.models import load_model, load_tokenizer
-from minies.rollout import format_prompts, generate
+from minies.rollout import encode, format_prompts, generate, shared_prompt_cache
 from minies.tasks import Arithmetic
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -139,3 +144,85 @@ def test_ivon_samples_are_decoded_and_restored(m):
         assert_same(sample, eager_at_compiled_weights(m))
     assert_same(greedy(m.compiled, m.tok, m.prompts), clean)
     assert counters["stats"]["unique_graphs"] == m.graphs
+
+
+@pytest.fixture
+def transformers_eager(monkeypatch):
+    """Within it, rollout.generate on a CPU decodes as transformers does alone: no growing cache, no packing."""
+
+    @contextlib.contextmanager
+    def plain():
+        with monkeypatch.context() as patch:
+            patch.setattr(decoding, "growing_cache", lambda model, capacity, cache=None: {} if cache is None else
+                          {decoding.cache_keyword(model): cache})
+            patch.setattr(decoding, "packed_linears", lambda model, rows: contextlib.nullcontext())
+            yield
+
+    return plain
+
+
+def test_a_growing_layer_holds_what_a_dynamic_layer_holds():
+    torch.manual_seed(0)
+    growing, dynamic = decoding.GrowingLayer(capacity=9), DynamicLayer()
+    buffer = None
+    for length in (5, 1, 1, 2):  # a prompt's pass, then decoding steps
+        k, v = torch.randn(2, 3, length, 4), torch.randn(2, 3, length, 4)
+        (gk, gv), (dk, dv) = growing.update(k, v), dynamic.update(k, v)
+        assert torch.equal(gk, dk) and torch.equal(gv, dv) and growing.get_seq_length() == dynamic.get_seq_length()
+        buffer = buffer or gk.data_ptr()
+        assert gk.data_ptr() == buffer  # written in place: nothing reallocated, nothing copied again
+    with pytest.raises(ValueError, match="cannot hold 10"):  # past its capacity
+        growing.update(torch.randn(2, 3, 1, 4), torch.randn(2, 3, 1, 4))
+
+
+def test_packed_weights_multiply_as_the_weights_do_and_follow_in_place_writes(monkeypatch):
+    torch.manual_seed(0)
+    layer = torch.nn.Linear(64, 96)
+    with decoding.packed_linears(layer, rows=8):  # too small to pay for its packing
+        assert "forward" not in vars(layer)
+    monkeypatch.setattr(decoding, "PACKED_WEIGHTS", 64 * 96)
+    seen = []
+    layer.register_forward_hook(lambda module, inputs, output: seen.append(output.shape[0]))
+    x, other = torch.randn(8, 64), torch.randn(5, 64)
+    with torch.no_grad(), decoding.packed_linears(layer, rows=8):
+        assert "forward" in vars(layer)
+        torch.testing.assert_close(layer(x), torch.nn.functional.linear(x, layer.weight, layer.bias))
+        assert torch.equal(layer(other), torch.nn.functional.linear(other, layer.weight, layer.bias))  # unpacked
+    assert "forward" not in vars(layer) and seen == [8, 5]  # the class's forward again; hooks ran
+    with torch.no_grad():
+        layer.weight.mul_(-1)  # as in-place ES writes a member
+        with decoding.packed_linears(layer, rows=8):
+            torch.testing.assert_close(layer(x), torch.nn.functional.linear(x, layer.weight, layer.bias))
+    with decoding.packed_linears(layer, rows=1):  # one row: a matrix-vector product, left alone
+        assert "forward" not in vars(layer)
+
+
+@pytest.mark.parametrize("rows", [1, 3, 8])
+def test_cpu_decoding_gives_transformers_eager_tokens(model, tokenizer, transformers_eager, rows, monkeypatch):
+    """Greedy and sampled, with and without a shared prompt pass, several micro-batches of left-padded prompts;
+    every linear layer of the shipped model packed (it is too small to be by default)."""
+    used = []
+    packed_linears = decoding.packed_linears
+    monkeypatch.setattr(decoding, "packed_linears", lambda model, rows: used.append(rows) or packed_linears(model, rows))
+    monkeypatch.setattr(decoding, "PACKED_WEIGHTS", 1)
+    prompts = format_prompts(tokenizer, [q for q in QUESTIONS for _ in range(2)])[:2 * rows]
+    for greedy_, share in ((True, False), (False, False), (False, True)):
+        def run():
+            return generate(model, tokenizer, prompts, NEW_TOKENS, greedy=greedy_, micro_batch=rows, seed=3,
+                            share_prompts=share, compile_decoding=False)  # as this module's `m` lets the CPU compile
+
+        ours = run()
+        with transformers_eager():
+            assert_same(ours, run())
+    assert used and set(used) == {rows}
+
+
+def test_a_shared_prompt_pass_grows_in_place(model, tokenizer):
+    """The shared prompts' cache (rollout.shared_prompt_cache) is carried into the growing one."""
+    enc = encode(tokenizer, format_prompts(tokenizer, [QUESTIONS[0]] * 3 + [QUESTIONS[1]]))
+    [(keyword, shared)] = shared_prompt_cache(model, enc["input_ids"], enc["attention_mask"]).items()
+    before = [(layer.keys.clone(), layer.values.clone()) for layer in shared.layers]
+    [(_, grown)] = decoding.growing_cache(model, 40, shared).items()
+    for layer, (keys, values) in zip(grown.layers, before):
+        assert isinstance(layer, decoding.GrowingLayer) and layer.key_buffer.shape[-2] == 40
+        assert torch.equal(layer.keys, keys) and torch.equal(layer.values, values)

@@ -1,5 +1,8 @@
-"""Decoding on a GPU: a static KV cache and a compiled decoding step, so that each generated token costs
-a replay of recorded CUDA graphs instead of a forward pass launched kernel by kernel from Python.
+"""Decoding faster than transformers' eager loop: compiled on a GPU, with a cache that grows in place and
+pre-packed weights on a CPU.
+
+On a GPU: a static KV cache and a compiled decoding step, so that each generated token costs a replay of
+recorded CUDA graphs instead of a forward pass launched kernel by kernel from Python.
 
 A decoding step of a small model is bound by launches, not by the device: on an H200, Qwen2.5-0.5B took
 24-32 ms per token at batch 8 in bfloat16, while reading its 1 GB of weights takes a fifth of a
@@ -12,8 +15,8 @@ The rule: rollout.generate compiles decoding when its caller asks (`compile_deco
 --no-compile-decoding) and compilable() allows: on CUDA, and not for 8-bit models (transformers compiles no
 bitsandbytes layer). Lowrank ES asks for eager decoding (minies/eggroll.py): its forward hooks add each
 member's noise to the member's own block of rows, which padding the rows to a bucket would shift; and its
-batches hold many members, so per-token overhead is already shared by many rows. Everywhere else (a CPU)
-decoding is eager: the path every result in this repository was measured on.
+batches hold many members, so per-token overhead is already shared by many rows. On a CPU decoding is eager,
+the path every result in this repository was measured on, made faster with the same tokens (below).
 
 Shapes. A compiled graph, and a CUDA graph even more, holds for one shape; rollouts come in many (the last
 micro-batch of an evaluation, each step's longest prompt). So each call is bucketed:
@@ -35,12 +38,32 @@ path's (other random draws in the padded batch), reproducibly. Rows that share a
 pass (rollout.shared_prompt_cache needs a dynamic cache): the prefill is a small part of a rollout next to
 decoding. Weights written in place (in-place ES's members, IVON's samples, optimizer steps) are read by
 the graphs where they are, so every call decodes at the weights as they are now.
+
+On a CPU, whatever `compile_decoding` says (nothing is padded, so lowrank ES's hooks find their blocks):
+transformers' own eager generate, with two of its costs removed.
+- The KV cache grows in place (GrowingLayer): each layer's keys and values are written into buffers that hold
+  the prompt and every new token, and attention reads their filled part, the very values transformers'
+  DynamicCache holds; DynamicCache copies its whole cache into a new one at every token instead.
+- Linear layers multiply by their weight packed by MKL for the batch's rows (packed_linears), which MKL's
+  matmul otherwise repacks at every call: one more pass over every weight per token. Each generate call packs
+  the weights as they are when it starts, so in-place writes between calls (ES's members, IVON's samples,
+  optimizer steps) are decoded as written. The prompt's pass (other rows) multiplies by the weights
+  themselves. A packed product rounds like the plain one at some row counts and differently at others
+  (SmolLM2-135M's logits, of size ~30, moved by up to 1e-4); greedy and sampled tokens equal transformers'
+  eager decoding on the shipped models and SmolLM2-135M (tests/test_decoding.py, bench/decode.py).
+Not used on a CPU, as measured (docs/speed.md, "Decoding on a CPU"): torch.compile (inductor without CUDA
+graphs: faster than eager at batch 1 only, slower from batch 32, after minutes of compiling), a StaticCache
+(attention over its whole length cost what the copies saved), bfloat16 (tokens differ from float32's, and
+without AMX its matmuls are slower).
 """
+import contextlib
+import functools
 import inspect
 import weakref
 
 import torch
-from transformers import CompileConfig, StaticCache, StoppingCriteria, StoppingCriteriaList
+from transformers import CompileConfig, DynamicCache, StaticCache, StoppingCriteria, StoppingCriteriaList
+from transformers.cache_utils import DynamicLayer
 
 from minies.models import model_device
 
@@ -85,11 +108,15 @@ def static_inputs(model, enc, max_new_tokens, most):
         caches[padded] = StaticCache(config=model.config, max_cache_len=length)
     cache = caches[padded]
     cache.reset()
-    # transformers names the keyword `cache` (from 5.2x) or `past_key_values`.
-    keyword = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
-    return {**{name: value[pick] for name, value in enc.items()}, keyword: cache,
+    return {**{name: value[pick] for name, value in enc.items()}, cache_keyword(model): cache,
             "compile_config": compile_config(device),
             "stopping_criteria": StoppingCriteriaList([PaddingRows(torch.arange(padded, device=device) >= rows)])}
+
+
+def cache_keyword(model):
+    """The keyword of the model's forward (and generate) that takes a cache: `cache` (transformers from 5.2x) or
+    `past_key_values`."""
+    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
 
 
 def compile_config(device):
@@ -99,3 +126,82 @@ def compile_config(device):
     config = CompileConfig(mode="reduce-overhead" if device.type == "cuda" else "default")
     config._compile_all_devices = True
     return config
+
+
+# On a CPU: eager decoding without its two avoidable costs.
+
+
+class GrowingLayer(DynamicLayer):
+    """A DynamicCache layer whose keys and values are written into buffers of `capacity` positions, allocated
+    at its first update; update returns the filled part, the tensors a DynamicLayer would hold, without
+    concatenating the whole cache again at every token. For one generate call, which neither reorders nor
+    crops its cache."""
+
+    def __init__(self, capacity):
+        super().__init__()
+        self.capacity = capacity
+
+    def lazy_initialization(self, key_states, value_states):
+        super().lazy_initialization(key_states, value_states)
+        rows, heads, _, width = key_states.shape
+        self.key_buffer = key_states.new_empty(rows, heads, self.capacity, width)
+        self.value_buffer = value_states.new_empty(rows, heads, self.capacity, value_states.shape[-1])
+        self.keys, self.values = self.key_buffer[:, :, :0], self.value_buffer[:, :, :0]
+
+    def update(self, key_states, value_states, *args, **kwargs):
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        start = self.keys.shape[-2]
+        end = start + key_states.shape[-2]
+        if end > self.capacity:  # a slice past the buffer would take the write silently, as nothing
+            raise ValueError(f"a GrowingLayer of {self.capacity} positions cannot hold {end}")
+        self.key_buffer[:, :, start:end] = key_states
+        self.value_buffer[:, :, start:end] = value_states
+        self.keys, self.values = self.key_buffer[:, :, :end], self.value_buffer[:, :, :end]
+        return self.keys, self.values
+
+
+def growing_cache(model, capacity, cache=None):
+    """{keyword: cache} for generate: `cache` (a DynamicCache, holding the shared prompts' keys and values) or
+    a new one for `model`, each of its full-attention layers made a GrowingLayer of `capacity` positions (the
+    prompt and every new token) that starts with what the layer held. Other layers (sliding windows) stay."""
+    cache = cache if cache is not None else DynamicCache(config=model.config)
+    cache.layers = [grown(layer, capacity) if type(layer) is DynamicLayer else layer for layer in cache.layers]
+    return {cache_keyword(model): cache}
+
+
+def grown(layer, capacity):
+    growing = GrowingLayer(capacity)
+    if layer.get_seq_length() > 0:
+        growing.update(layer.keys, layer.values)
+    return growing
+
+
+# The smallest weight packed_linears packs: packing a small matrix costs a fixed ~10 µs per call, and the shipped
+# models' layers (at most 66K weights) decoded no faster packed. SmolLM2-135M's smallest are 111K.
+PACKED_WEIGHTS = 100_000
+
+
+@contextlib.contextmanager
+def packed_linears(model, rows):
+    """Within it, every float32 nn.Linear of `model` with at least PACKED_WEIGHTS weights multiplies inputs of
+    `rows` rows (a decoding step of that batch) by its weight packed by MKL for that shape, packed on entry from
+    the weight as it is then; inputs of other rows (the prompt's pass) by the weight itself. Nothing is packed
+    for one row (a matrix-vector product, which packing does not speed up) or where torch has no MKL. Hooks on
+    the layers run as before."""
+    linears = [m for m in model.modules() if type(m) is torch.nn.Linear and m.weight.dtype == torch.float32
+               and m.weight.numel() >= PACKED_WEIGHTS]
+    if rows < 2 or not torch.backends.mkl.is_available():
+        linears = []
+    for layer in linears:
+        packed = torch.ops.mkl._mkl_reorder_linear_weight(layer.weight, rows)
+        layer.forward = functools.partial(packed_forward, layer, packed, rows)
+    try:
+        yield
+    finally:
+        for layer in linears:
+            del layer.forward  # the class's forward again
+
+
+def packed_forward(layer, packed, rows, x):
+    return torch.ops.mkl._mkl_linear(x, packed, layer.weight, layer.bias, rows)
