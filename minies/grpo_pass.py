@@ -43,7 +43,7 @@ class PassLog:
 
     @property
     def loss(self):
-        """This rank's loss so far."""
+        """This rank's summed loss over the micro-batches passed."""
         return self.sums[0]
 
     def add(self, loss, stats, mask, entropy):
