@@ -39,7 +39,7 @@ class EvalConfig(TaskOptions, ModelOptions):
     micro_batch: int = option(256, "sequences per generate call", check="count")
     lenient_answers: bool = option(False, "gsm8k: when a completion has no answer tag and no \\boxed{}, take its last "
                                    "number (training rewards never do)")
-    out: str = option(None, "also write the metrics to this JSON file")
+    out: str = option(None, "also write the metrics to this JSON file", check="nonempty")
     show_prompt: bool = option(False, "print the first held-out problem's prompt exactly as the model reads it "
                                "(special tokens, system message and template included) and its length in tokens, "
                                "then exit: loads the tokenizer, not the model")

@@ -55,8 +55,8 @@ class TrainConfig(TaskOptions, ModelOptions):
                          "own recipe; explicit flags still win", choices=sorted(RECIPES))
     steps: int = option(None, "training steps", check="positive")  # None: the algorithm's own (parse_args)
     seed: int = option(0, "seed for prompts, sampling and noise", check="seed")
-    out: str = option("out", "directory for run directories")
-    run_name: str = option(None, "run name (default: <algo>-<task>-seed<seed>)")
+    out: str = option("out", "directory for run directories", check="nonempty")
+    run_name: str = option(None, "run name (default: <algo>-<task>-seed<seed>)", check="nonempty")
     resume: bool = option(False, "continue the run in out/<run-name> from its latest checkpoint")
     save_every: int = option(25, "checkpoint every k steps (and at the end)", check="positive")
     keep_checkpoints: int = option(2, "checkpoints kept on disk: each save deletes all but the newest k (two: one "

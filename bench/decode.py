@@ -90,11 +90,13 @@ def decode(path, model, enc, config):
         inputs = decoding.static_inputs(model, enc, config.max_new_tokens, rows)
     elif path == "minies":
         inputs.update(decoding.growing_cache(model, width + config.max_new_tokens))
-        packed = decoding.packed_linears(model, rows)
+        packed = decoding.packed_linears(model, rows, decoding.pack_after(config.max_new_tokens))  # as generate
     clock = Clock()
     inputs["stopping_criteria"] = StoppingCriteriaList([*inputs.get("stopping_criteria", []), clock])
     start = time.perf_counter()
-    with packed:
+    with packed as packer:
+        if packer:
+            inputs["stopping_criteria"].append(packer)
         tokens = model.generate(**inputs, generation_config=config)[:rows, width:]
     return tokens, time.perf_counter() - start, clock.times[-1] - clock.times[0]
 

@@ -111,8 +111,10 @@ def memory_rows(shape):
     # AdamW on fp32 values (masters, adapters): the value 4, two moments 8, at the step the fp32 gradient 4 and
     # the sqrt of the second moments that the foreach implementation (CUDA's default) makes for all at once, 4
     adamw = 20
-    return [("ES in-place / lowrank", "bfloat16", bf16 + es_temp, 8 * c["total"]),
-            ("ES in-place / lowrank", "8-bit", int8 + es_temp, 8 * c["total"]),
+    # ES's host memory: 4 B per weight either way, the fp32 masters (--master-device cpu; θ0 then goes to a
+    # temporary file, minies/runtime/spilled.py) or θ0 in pinned memory (the masters on the device)
+    return [("ES in-place / lowrank", "bfloat16", bf16 + es_temp, 4 * c["total"]),
+            ("ES in-place / lowrank", "8-bit", int8 + es_temp, 4 * c["total"]),
             ("GRPO, full, AdamW", "bfloat16", bf16 + adamw * c["total"], 0),
             ("GRPO, LoRA r=16, AdamW", "8-bit", int8 + adamw * c["lora"], 0),
             ("3PO, full, IVON", "bfloat16", 17 * bf16, 0),

@@ -53,7 +53,6 @@ from minies.runtime import checkpoint, set_up_process
 from minies.analysis import drift, rank_correlation, rescue_counts, sparsified
 from minies.config import TaskOptions, add_arguments, from_args, option, option_of
 from minies.evaluate import evaluate
-from minies.grpo import GRPOConfig
 from minies.models import default_device, default_model, load_config, load_model, load_tokenizer
 from minies.recipes import prompt_style_for
 from minies.tasks import get_task

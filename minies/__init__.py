@@ -62,3 +62,9 @@ def run_script(main):
     except UserError as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)
+    except (MemoryError, RuntimeError) as e:  # torch's allocators raise RuntimeErrors (CUDA: a subclass)
+        if not isinstance(e, MemoryError) and "out of memory" not in str(e) and "can't allocate memory" not in str(e):
+            raise
+        print(f"error: out of memory ({str(e).splitlines()[0][:200] if str(e) else type(e).__name__}); lower "
+              "--micro-batch, or the sizes the flags ask for", file=sys.stderr)
+        sys.exit(2)

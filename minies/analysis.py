@@ -12,6 +12,7 @@ import numpy as np
 import torch
 
 from minies.metrics import average_ranks, mean_pass_at_k
+from minies.runtime.spilled import SpilledTensors
 
 LAYER_TYPES = ("embedding", "attention", "mlp", "norm", "other")
 DRIFT_CHUNK = 2**18  # elements per chunk of squared_distance(): 1 MB of fp32, cache-sized
@@ -122,12 +123,15 @@ def squared_distance(theta0, theta, dtype=torch.float32):
     temporary as large as the tensor (docs/speed.md). The chunks' sums are added in float64. θ0's chunks
     stream to θ's device (asynchronously from pinned memory), and the caller waits once, for the total.
     The dtypes differ by use: ES's log runs every step on its fp32 masters, so in float32 where they live;
-    drift runs once, on weights of any dtype, so in float64."""
+    drift runs once, on weights of any dtype, so in float64. `theta0` may be a SpilledTensors (ES's θ0 on a CPU,
+    minies/runtime/spilled.py), read back a chunk at a time."""
     squares, buffer = [], None
-    for t0, t in zip(theta0, theta):
+    for i, t in enumerate(theta):
         if buffer is None or buffer.device != t.device:
             buffer = torch.empty(DRIFT_CHUNK, dtype=dtype, device=t.device)
-        for chunk, chunk0 in zip(t.reshape(-1).split(DRIFT_CHUNK), t0.reshape(-1).split(DRIFT_CHUNK)):
+        chunks0 = (theta0.chunks(i, DRIFT_CHUNK) if isinstance(theta0, SpilledTensors)
+                   else theta0[i].reshape(-1).split(DRIFT_CHUNK))
+        for chunk, chunk0 in zip(t.reshape(-1).split(DRIFT_CHUNK), chunks0):
             difference = torch.sub(chunk.to(dtype), chunk0.to(t.device, dtype, non_blocking=True),
                                    out=buffer[:chunk.numel()])
             squares.append(difference.mul_(difference).sum())

@@ -14,14 +14,25 @@ from minies.models import DTYPES
 from minies.runtime import decoding
 from minies.tasks import ALL_PROMPT_STYLES, DEFAULT_TASK, REWARDS, TASKS
 
+# Numbers end up in float32 tensors and in int64 sizes: a float past float32's largest (1e308) would overflow
+# there, and an int past 2**31 (10**30) would overflow a size or allocate for ever.
+LARGEST = 3.4028234663852886e38
+LARGEST_INT = 2**31 - 1
+
+
+def within(x):
+    return abs(x) <= (LARGEST_INT if isinstance(x, int) else LARGEST)
+
+
 # check -> (what a valid value is, for floats and for ints; the test). The test sees a float or an int.
 CHECKS = {
-    "positive": ("a finite number > 0", "an integer >= 1", lambda x: math.isfinite(x) and x > 0),
-    "non_negative": ("a finite number >= 0", "an integer >= 0", lambda x: math.isfinite(x) and x >= 0),
-    "finite": ("a finite number", "an integer", math.isfinite),
+    "positive": ("a number in (0, 3.4e38]", "an integer in [1, 2147483647]", lambda x: within(x) and x > 0),
+    "non_negative": ("a number in [0, 3.4e38]", "an integer in [0, 2147483647]", lambda x: within(x) and x >= 0),
+    "finite": ("a number in [-3.4e38, 3.4e38]", "an integer in [-2147483647, 2147483647]", within),
     "probability": ("a number in [0, 1]", "0 or 1", lambda x: 0 <= x <= 1),
     "fraction": ("a number in [0, 1)", "0", lambda x: 0 <= x < 1),  # momenta: 1 would never forget
-    "positive_or_inf": ("a number > 0 (inf allowed)", "an integer >= 1", lambda x: x > 0),  # nan > 0 is False
+    "positive_or_inf": ("a number in (0, 3.4e38], or inf", "an integer in [1, 2147483647]",
+                        lambda x: x > 0 and (within(x) or x == math.inf)),  # nan > 0 is False
     # Bounds beyond which a run cannot mean what it asks: a step of more than a million completions runs for
     # days (or fails to allocate) on any machine; seeds above 2**32 overflow the seeds derived from them; below a
     # temperature of 0.01 the logits divided by it overflow (use greedy decoding instead), above 100 sampling
@@ -30,6 +41,7 @@ CHECKS = {
     "seed": ("a number in [0, 2**32)", "an integer in [0, 4294967295]", lambda x: 0 <= x < 2**32),
     "temperature": ("a number in [0.01, 100]", "an integer in [1, 100]", lambda x: 0.01 <= x <= 100),
     "regex": ("a valid regular expression", "", None),
+    "nonempty": ("", "", None),  # a path or a name: '' would silently mean the default, or the current directory
     "clip": ("a number in [0, 10]", "an integer in [0, 10]", lambda x: 0 <= x <= 10),  # of a ratio around 1
     # Task difficulty: no task takes more than 50 numbers (arithmetic's limit; countdown checks its own 2 to 6),
     # and no number more digits than an arithmetic answer may have (12: minies/tasks/arithmetic.py).
@@ -46,6 +58,10 @@ def checked(kind, check):
     """The argparse `type=` that parses a `kind` (int or float) and rejects values outside `check`'s range; for
     `regex`, a string that must compile as a regular expression."""
     def parse(text):
+        if check == "nonempty":
+            if not text.strip():
+                raise argparse.ArgumentTypeError("empty; give a name or a path")
+            return text
         if check == "regex":
             try:
                 re.compile(text)
@@ -79,7 +95,7 @@ def add_arguments(parser, config_class, title=None, origins=None):
         extra = {k: v for k, v in f.metadata.items() if k not in ("help", "check", "source")}
         kind = {"int": int, "float": float, "str": str, "bool": bool}.get(f.type, f.type)
         check = f.metadata.get("check")
-        help_text = f.metadata["help"] + (f"; {valid_range(kind, check)}" if check else "")
+        help_text = f.metadata["help"] + (f"; {valid_range(kind, check)}" if check and valid_range(kind, check) else "")
         help_text += default_text(f, (origins or {}).get(f.name) or f.metadata.get("source"))
         if kind is bool:
             group.add_argument(flag, action=argparse.BooleanOptionalAction, default=f.default, help=help_text)
@@ -109,7 +125,7 @@ def from_args(config_class, args):
 class ModelOptions:
     model: str = option(None, "hub id, local directory or GGUF file of a causal LM (default: the shipped tiny model "
                         "for --task: minies/assets/tiny-countdown for countdown, minies/assets/tiny otherwise); a "
-                        "model may name its own recipe (minies/recipes.py)")
+                        "model may name its own recipe (minies/recipes.py)", check="nonempty")
     dtype: str = option("float32", "weights dtype", choices=list(DTYPES))
     load_in_8bit: bool = option(False, "load the linear layers in 8-bit (bitsandbytes LLM.int8)")
     chat_template: bool = option(True, "wrap questions in the tokenizer's chat template when it has one")
@@ -123,12 +139,12 @@ class TaskOptions:
     task: str = option(DEFAULT_TASK, "task", choices=sorted(TASKS))
     data: str = option(None, "local data file to train on: gsm8k needs one (JSON Lines of question, answer ending in "
                        "'#### N'); countdown may read one (JSON Lines or a JSON list of numbers or nums, target, "
-                       "optionally context and solution: Qiu et al.'s and TinyZero's formats)")
+                       "optionally context and solution: Qiu et al.'s and TinyZero's formats)", check="nonempty")
     eval_data: str = option(None, "local data file to evaluate on, all of its rows (same format as --data); without "
-                            "it a file given by --data is split in two (docs/real-models.md)")
+                            "it a file given by --data is split in two (docs/real-models.md)", check="nonempty")
     train_problems: int = option(None, "train on a fixed set of this many problems, the same every step: the first "
                                  "rows of --data (the rest are evaluated on, unless --eval-data), or generated once",
-                                 check="positive")
+                                 check="count")
     prompt_style: str = option("auto", "terse: the short questions the shipped models were trained on; instruct: "
                                "full instructions with the answer format, for instruction-tuned models; qiu, "
                                "tinyzero (countdown): the papers' own prompts; auto: the model's recipe's, else "
@@ -140,7 +156,7 @@ class TaskOptions:
                          "(countdown): the papers' own (docs/papers.md); auto: the prompt style's own",
                          choices=["auto", *REWARDS])
     max_new_tokens: int = option(None, "tokens generated per completion (default: the task's for the prompt "
-                                 "style; instruct: arithmetic 256, countdown 1024, gsm8k 512)", check="positive")
+                                 "style; instruct: arithmetic 256, countdown 1024, gsm8k 512)", check="count")
     numbers: int = option(None, "generated problems' difficulty: how many numbers each has (default: the task's: "
                           "arithmetic sums 2, countdown gives 3 with terse prompts, else 3 or 4; countdown takes 2 "
                           "to 6)", check="numbers")

@@ -47,6 +47,7 @@ from minies.metrics import average_ranks
 from minies.models import int8_row_scales, model_device
 from minies.perturbed import PerturbedTensor, StepNoise
 from minies.runtime.placement import choose_mode, master_device
+from minies.runtime.spilled import SpilledTensors
 from minies.recipes import QIU
 from minies.rollout import encode, generate
 
@@ -78,7 +79,7 @@ class ESConfig:
                        "rank-r noise added in the forward pass, many members per batch (minies/eggroll.py); auto: "
                        "the faster of the two for the batch shape (minies/runtime/placement.py)",
                        choices=["auto", "inplace", "lowrank"])
-    rank: int = option(1, "rank r of each member's perturbation A·Bᵀ/√r in lowrank mode", check="positive")
+    rank: int = option(1, "rank r of each member's perturbation A·Bᵀ/√r in lowrank mode", check="count")
     master_device: str = option("auto", "where the fp32 master weights live when the model is on CUDA: cpu (pinned "
                                 "host memory), cuda, or auto: cuda when they fit (master_device); on a CPU: cpu",
                                 choices=["auto", "cpu", "cuda"])
@@ -182,9 +183,10 @@ class ES:
         # An optional speed layer: in place on a CPU, the step's ε kept once drawn (minies/perturbed.py).
         seeds = config.population // 2 if config.antithetic else config.population
         self.step_noise = None if self.lowrank else StepNoise.when_it_pays(self.tensors, seeds, model_device(model))
-        # θ0 for the drift log, in host memory (pinned when the masters are on CUDA: the drift streams it there)
-        self.theta0 = [torch.empty(t.master.shape, pin_memory=config.master_device == "cuda").copy_(t.master)
-                       for t in self.tensors]
+        # θ0 for the drift log and the checkpoints: with the masters on CUDA, in pinned host memory (the drift
+        # streams it there); with them on the host, in a temporary file (minies/runtime/spilled.py)
+        self.theta0 = ([torch.empty(t.master.shape, pin_memory=True).copy_(t.master) for t in self.tensors]
+                       if config.master_device == "cuda" else SpilledTensors([t.master for t in self.tensors]))
         model.requires_grad_(False)  # ES never needs gradients; this also keeps generate cheap
 
     @torch.no_grad()
@@ -271,14 +273,17 @@ class ES:
     def state_dict(self):
         """The fp32 masters and θ0, and the row scales of int8 weights (an update can raise them), which with the
         masters make the model exactly: --resume writes them into the start model."""
-        return {"master": [t.master.cpu() for t in self.tensors], "theta0": self.theta0,
+        return {"master": [t.master.cpu() for t in self.tensors], "theta0": list(self.theta0),
                 "row_scales": [int8_row_scales(t.module).cpu() if t.int8 else None for t in self.tensors]}
 
     def load_state_dict(self, state):
-        for t, master, t0, saved_t0, scales in zip(self.tensors, state["master"], self.theta0, state["theta0"],
-                                                   state["row_scales"]):
+        for i, (t, master, saved_t0, scales) in enumerate(zip(self.tensors, state["master"], state["theta0"],
+                                                              state["row_scales"])):
             t.master.copy_(master)
-            t0.copy_(saved_t0)
+            if isinstance(self.theta0, list):
+                self.theta0[i].copy_(saved_t0)
+            else:
+                self.theta0.write(i, saved_t0)
             if scales is not None:
                 int8_row_scales(t.module).copy_(scales)
             t.write_clean()

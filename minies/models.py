@@ -3,6 +3,7 @@ once to a directory: minies/gguf.py), float32 / bfloat16 / float16, or LLM.int8 
 and on CPU)."""
 import json
 import os
+import sys
 
 import torch
 
@@ -42,6 +43,21 @@ def position_notes(config, max_new_tokens):
         return [f"--max-new-tokens {max_new_tokens} reaches past the {positions} positions the model was trained on "
                 "(max_position_embeddings in its config.json): what it generates there is outside what it learned"]
     return []
+
+
+NOTED = set()  # the models note_long_prompts has spoken for
+
+
+def note_long_prompts(model, width, max_new_tokens):
+    """Once per model, a note when prompts of `width` tokens and their completions run past the positions the
+    model was trained on (models.position_notes speaks for --max-new-tokens alone): a long data row makes every
+    step slow, and the model generates from positions it never saw."""
+    positions = getattr(model.config, "max_position_embeddings", None)
+    if positions and max_new_tokens < positions < width + max_new_tokens and id(model) not in NOTED:
+        NOTED.add(id(model))
+        print(f"note: a prompt of {width} tokens with {max_new_tokens} new ones runs past the {positions} positions "
+              "the model was trained on: its steps slow down, and it generates from positions it never saw; "
+              "shorten the long rows of --data", file=sys.stderr)
 
 
 def default_device():

@@ -51,9 +51,21 @@ class PerturbedTensor:
         # float32 param too, since the param holds each member's perturbed values while the master stays clean;
         # it is dequantized from int8 weights; it lives where --master-device places it; and the param is
         # written from it perturbed as well as clean.
-        self.master = self.dequantized().detach().float().to(device, copy=True)
-        if device.type == "cpu" and param.device.type == "cuda":
-            self.master = self.master.pin_memory()  # so that each member's copy to the device is asynchronous
+        self.device, self._master = device, None
+
+    @property
+    def master(self):
+        """The fp32 master, copied at first use: lowrank ES makes a float32 param its own master (share_param)
+        before any use, and a copy made and freed would stay in the process's heap (runtime/allocator.py)."""
+        if self._master is None:
+            self._master = self.dequantized().detach().float().to(self.device, copy=True)
+            if self.device.type == "cpu" and self.param.device.type == "cuda":
+                self._master = self._master.pin_memory()  # so that each member's copy to the device is asynchronous
+        return self._master
+
+    @master.setter
+    def master(self, value):
+        self._master = value
 
     def dequantized(self):
         return self.param.float() * int8_row_scales(self.module) / 127 if self.int8 else self.param
@@ -111,7 +123,7 @@ class PerturbedTensor:
     def share_param(self):
         """Make a float32 param on the master's device its own master: no copy to keep, nothing to rewrite
         after an update. Only for lowrank ES, which never writes perturbed values into the model."""
-        if self.param.dtype == torch.float32 and self.param.device == self.master.device:
+        if self.param.dtype == torch.float32 and self.param.device == self.device:
             self.master = self.param.detach()
 
     def on_device(self):

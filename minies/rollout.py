@@ -20,7 +20,7 @@ from transformers import GenerationConfig, StoppingCriteria, StoppingCriteriaLis
 
 from minies.runtime import decoding, distributed
 from minies.runtime.guard import Diverged
-from minies.models import model_device
+from minies.models import model_device, note_long_prompts
 from minies.runtime.threads import follow_load
 
 
@@ -146,6 +146,7 @@ def generate(model, tokenizer, prompts, max_new_tokens=16, temperature=1.0, top_
             enc = {name: value.to(device)
                    for name, value in encoded_rows(encoded, slice(start, start + micro_batch)).items()}
             rows, width = enc["input_ids"].shape
+            note_long_prompts(model, width, max_new_tokens)
             if compiled:  # a static cache, a compiled step, rows padded (minies/runtime/decoding.py)
                 inputs = decoding.static_inputs(model, enc, max_new_tokens, micro_batch)
             else:
@@ -156,8 +157,11 @@ def generate(model, tokenizer, prompts, max_new_tokens=16, temperature=1.0, top_
                                                      inputs.get(decoding.cache_keyword(model))))
             counted = BarTokens(bar, rows)
             inputs["stopping_criteria"] = StoppingCriteriaList([*inputs.get("stopping_criteria", []), counted])
-            try:
-                with decoding.packed_linears(model, rows) if on_cpu else contextlib.nullcontext():
+            try:  # on a CPU, the weights packed once the call has shown it is long (decoding.pack_after)
+                with (decoding.packed_linears(model, rows, decoding.pack_after(max_new_tokens)) if on_cpu
+                      else contextlib.nullcontext()) as packer:
+                    if packer:
+                        inputs["stopping_criteria"].append(packer)
                     completions = model.generate(**inputs, generation_config=config)[:rows, width:]
             except RuntimeError as e:  # sampling from logits that overflowed: the weights or the temperature diverged
                 if "probability tensor contains" not in str(e):

@@ -76,6 +76,20 @@ def model_dir(tiny_model_dir):
     return tiny_model_dir
 
 
+@pytest.fixture(autouse=True)
+def threads_as_found():
+    """Each test starts with the session's thread count and no load following. A test that runs train.main
+    in this interpreter turns following on (set_up_process), and it would stay on for every later test: their
+    thread counts would then follow the machine's load, and a float32 sum over a tensor, split by thread,
+    can end in other last bits (an ES update's logged norm did, once, between two twins in one test)."""
+    from minies.runtime import threads
+
+    count = torch.get_num_threads()
+    yield
+    threads._follower = None
+    torch.set_num_threads(count)
+
+
 @contextlib.contextmanager
 def single_thread():
     import torch

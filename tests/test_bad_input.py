@@ -62,6 +62,18 @@ BAD = {
     "train: --population 3 with antithetic": ("train.py", ["--population", 3, *TINY[2:]], "--population"),
     "train grpo: --group-size 1": ("train.py", ["--algo", "grpo", "--group-size", 1], "--group-size"),
     "train c3po: --chunks 3": ("train.py", ["--algo", "c3po", "--chunks", 3], "--chunks"),
+    # Ran silently before: an empty path meant the default model, or the current directory.
+    "train: --model ''": ("train.py", ["--model", ""], "--model: empty"),
+    "eval: --model ''": ("eval.py", ["--model", "", "--n", 1, "--k", 1], "--model: empty"),
+    "train: --out ''": ("train.py", ["--out", ""], "--out: empty"),
+    "eval: --out ''": ("eval.py", ["--n", 1, "--k", 1, "--out", ""], "--out: empty"),
+    # Tracebacks or hangs before: sizes past an int64, numbers past float32's largest.
+    "train: --max-new-tokens 10**30": ("train.py", ["--max-new-tokens", 10**30], "--max-new-tokens"),
+    "train: --train-problems 10**30": ("train.py", ["--train-problems", 10**30], "--train-problems"),
+    "train: --rank 10**30": ("train.py", ["--mode", "lowrank", "--rank", 10**30], "--rank"),
+    "train grpo: --lora-rank 10**30": ("train.py", ["--algo", "grpo", "--lora-rank", 10**30], "--lora-rank"),
+    "train c3po: --hess-init 1e308": ("train.py", ["--algo", "c3po", "--hess-init", "1e308"], "--hess-init"),
+    "train c3po: --clip-radius 1e308": ("train.py", ["--algo", "c3po", "--clip-radius", "1e308"], "--clip-radius"),
     # More.
     "train: --steps abc": ("train.py", ["--steps", "abc"], "--steps"),
     "train: --eval-samples 0": ("train.py", ["--eval-samples", 0], "--eval-samples"),
@@ -196,8 +208,8 @@ def test_bad_input_in_a_subprocess(tmp_path, model_dir):
 def test_help_shows_the_ranges(capsys):
     run_in_process("train.py", "--algo", "grpo", "--help")
     out = " ".join(capsys.readouterr().out.split())
-    assert "learning rate; a finite number > 0 (default: 0.0001; recipe tiny)" in out
-    assert "a number > 0 (inf allowed) (default: 1.0; 3PO paper's RL stage" in out
+    assert "learning rate; a number in (0, 3.4e38] (default: 0.0001; recipe tiny)" in out
+    assert "a number in (0, 3.4e38], or inf (default: 1.0; 3PO paper's RL stage" in out
 
 
 def _copy(trained, tmp_path):

@@ -90,14 +90,16 @@ def test_a_check_rejects_values_outside_its_range_while_parsing(capsys):
     add_arguments(parser, Demo)
     args = parser.parse_args(["--rate", "2e-3", "--count", "3", "--clip", "inf", "--share", "1"])
     assert from_args(Demo, args) == Demo(rate=2e-3, count=3, clip=float("inf"), share=1.0)
-    for flag, value, wanted in [("--rate", "nan", "a finite number > 0"), ("--rate", "inf", "a finite number > 0"),
-                                ("--rate", "0", "a finite number > 0"), ("--count", "0", "an integer >= 1"),
-                                ("--count", "1.5", "an integer >= 1"), ("--clip", "nan", "a number > 0 (inf allowed)"),
-                                ("--share", "1.01", "a number in [0, 1]")]:
+    positive, count, clip = "a number in (0, 3.4e38]", "an integer in [1, 2147483647]", "a number in (0, 3.4e38], or inf"
+    for flag, value, wanted in [("--rate", "nan", positive), ("--rate", "inf", positive), ("--rate", "0", positive),
+                                ("--rate", "1e308", positive),  # past float32: it would overflow in a tensor
+                                ("--count", "0", count), ("--count", "1.5", count), ("--count", str(10**30), count),
+                                ("--clip", "nan", clip), ("--clip", "1e39", clip), ("--share", "1.01", "a number in [0, 1]")]:
         with pytest.raises(SystemExit, match="2"):
             parser.parse_args([flag, value])
         assert capsys.readouterr().err.endswith(f"error: argument {flag}: {value} is not {wanted}; see --help\n")
-    assert "a rate; a finite number > 0 (default: 0.1)" in " ".join(parser.format_help().split())
+    assert "a rate; a number in (0, 3.4e38] (default: 0.1)" in " ".join(parser.format_help().split())
+    assert from_args(Demo, parser.parse_args(["--clip", "3.4e38", "--count", "2147483647"])).count == 2**31 - 1
 
 
 def test_typed_flags_are_the_settings_a_command_line_names():

@@ -155,7 +155,7 @@ def transformers_eager(monkeypatch):
         with monkeypatch.context() as patch:
             patch.setattr(decoding, "growing_cache", lambda model, capacity, cache=None: {} if cache is None else
                           {decoding.cache_keyword(model): cache})
-            patch.setattr(decoding, "packed_linears", lambda model, rows: contextlib.nullcontext())
+            patch.setattr(decoding, "packed_linears", lambda model, rows, after=0: contextlib.nullcontext())
             yield
 
     return plain
@@ -173,6 +173,25 @@ def test_a_growing_layer_holds_what_a_dynamic_layer_holds():
         assert gk.data_ptr() == buffer  # written in place: nothing reallocated, nothing copied again
     with pytest.raises(ValueError, match="cannot hold 10"):  # past its capacity
         growing.update(torch.randn(2, 3, 1, 4), torch.randn(2, 3, 1, 4))
+
+
+def test_a_growing_layer_doubles_its_buffer_when_full(monkeypatch):
+    """A large capacity (max_new_tokens of 10**6) is not allocated: the buffer starts HEADROOM past the prompt
+    and doubles when full, holding the same values as a DynamicLayer throughout."""
+    monkeypatch.setattr(decoding.GrowingLayer, "HEADROOM", 4)
+    torch.manual_seed(0)
+    growing, dynamic = decoding.GrowingLayer(capacity=10**6), DynamicLayer()
+    sizes = []
+    for length in (5,) + (1,) * 40:
+        k, v = torch.randn(2, 3, length, 4), torch.randn(2, 3, length, 4)
+        (gk, gv), (dk, dv) = growing.update(k, v), dynamic.update(k, v)
+        assert torch.equal(gk, dk) and torch.equal(gv, dv)
+        sizes.append(growing.key_buffer.shape[-2])
+    assert sorted(set(sizes)) == [9, 18, 36, 72]  # 5 + 4, then doubled each time it filled: 3 copies for 45 tokens
+    bounded = decoding.GrowingLayer(capacity=12)
+    for length in (5, 5, 2):
+        bounded.update(torch.randn(2, 3, length, 4), torch.randn(2, 3, length, 4))
+    assert bounded.key_buffer.shape[-2] == 12  # doubled to 18, but never past its capacity
 
 
 def test_packed_weights_multiply_as_the_weights_do_and_follow_in_place_writes(monkeypatch):
@@ -195,6 +214,17 @@ def test_packed_weights_multiply_as_the_weights_do_and_follow_in_place_writes(mo
             torch.testing.assert_close(layer(x), torch.nn.functional.linear(x, layer.weight, layer.bias))
     with decoding.packed_linears(layer, rows=1):  # one row: a matrix-vector product, left alone
         assert "forward" not in vars(layer)
+    ids = torch.zeros(8, 3, dtype=torch.long)
+    with decoding.packed_linears(layer, rows=8, after=2) as packer:  # packed by generate's 2nd decoding step
+        assert "forward" not in vars(layer) and not packer(ids, None).any()
+        assert "forward" not in vars(layer) and not packer(ids, None).any()
+        assert "forward" in vars(layer)
+    assert "forward" not in vars(layer)
+    with decoding.packed_linears(layer, rows=8, after=None) as packer:  # never
+        for _ in range(50):
+            packer(ids, None)
+        assert "forward" not in vars(layer)
+    assert decoding.pack_after(2 * decoding.PACKED_AFTER) == decoding.PACKED_AFTER and decoding.pack_after(2 * decoding.PACKED_AFTER - 1) is None
 
 
 @pytest.mark.parametrize("rows", [1, 3, 8])
@@ -203,8 +233,10 @@ def test_cpu_decoding_gives_transformers_eager_tokens(model, tokenizer, transfor
     every linear layer of the shipped model packed (it is too small to be by default)."""
     used = []
     packed_linears = decoding.packed_linears
-    monkeypatch.setattr(decoding, "packed_linears", lambda model, rows: used.append(rows) or packed_linears(model, rows))
+    monkeypatch.setattr(decoding, "packed_linears",
+                        lambda model, rows, after=0: used.append(rows) or packed_linears(model, rows, after))
     monkeypatch.setattr(decoding, "PACKED_WEIGHTS", 1)
+    monkeypatch.setattr(decoding, "pack_after", lambda max_new_tokens: 2)  # packed within the call, at its 3rd step
     prompts = format_prompts(tokenizer, [q for q in QUESTIONS for _ in range(2)])[:2 * rows]
     for greedy_, share in ((True, False), (False, False), (False, True)):
         def run():

@@ -9,13 +9,14 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from conftest import needs_cuda, tuned
+from conftest import needs_cuda, run_in_process, single_thread, tuned
 from minies import UserError
 from minies.analysis import answer_outcome, squared_distance
 from minies.eggroll import LowRankPopulation
 from minies.es import ES, ESConfig, ScoredRollouts, member_seeds, normalize_rewards
 from minies.models import int8_row_scales, load_model, load_tokenizer
 from minies.perturbed import PerturbedTensor, noise
+from minies.runtime.spilled import SpilledTensors
 from minies.tasks import Arithmetic, Score
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -151,10 +152,16 @@ def test_8bit_steps_change_outputs_and_checkpoint_reloads(tiny_model_dir, tmp_pa
 
 
 def run_train(args, tmp_path, procs=1):
-    cmd = [sys.executable, "train.py"] if procs == 1 else [
-        sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={procs}", "train.py"]
+    """train.py with small settings: one process in this interpreter (on one thread, as OMP_NUM_THREADS=1
+    would give), several under torchrun."""
     common = ["--population", "4", "--prompts-per-step", "8", "--eval-every", "0", "--eval-problems", "8",
               "--final-samples", "1", "--out", str(tmp_path), "--sigma", "0.01", "--alpha", "0.01"]
+    if procs == 1:
+        with single_thread():
+            code, message = run_in_process("train.py", *common, *args)
+        assert code == 0, message
+        return
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={procs}", "train.py"]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     out = subprocess.run(cmd + common + args, cwd=ROOT, capture_output=True, text=True, env=env, timeout=600)
     assert out.returncode == 0, out.stderr[-3000:]
@@ -341,18 +348,25 @@ def test_step_logs_truncation_and_int8_clamps(tiny_model_dir, eightbit):
 @pytest.mark.parametrize("device,masters", [("cpu", "auto"), pytest.param("cuda", "cuda", marks=needs_cuda),
                                             pytest.param("cuda", "cpu", marks=needs_cuda)])
 def test_drift_sums_over_chunks_to_the_distance_from_the_start(tiny_model_dir, monkeypatch, device, masters):
-    """θ0 lives in host memory, pinned when the masters are on CUDA (drift streams it to them)."""
+    """θ0 lives in pinned host memory when the masters are on CUDA (drift streams it to them), else in a
+    temporary file (SpilledTensors), read back a chunk at a time."""
     import minies.analysis
     monkeypatch.setattr(minies.analysis, "DRIFT_CHUNK", 1000)  # many chunks per matrix, a partial one at each end
     es = make_es(tiny_model_dir, device=device, params=".*", master_device=masters)
     assert all(t.master.device.type == es.config.master_device for t in es.tensors)
-    assert all(t0.device.type == "cpu" and t0.is_pinned() == (es.config.master_device == "cuda") for t0 in es.theta0)
+    if es.config.master_device == "cuda":
+        assert all(t0.device.type == "cpu" and t0.is_pinned() for t0 in es.theta0)
+        theta0 = es.theta0
+    else:
+        assert isinstance(es.theta0, SpilledTensors) and len(es.theta0) == len(es.tensors)
+        theta0 = list(es.theta0)
+    assert all(torch.equal(t0, t.master.cpu()) for t0, t in zip(theta0, es.tensors))
     assert squared_distance(es.theta0, [t.master for t in es.tensors]) == 0.0
     torch.manual_seed(0)
     for t in es.tensors:
         t.master += 0.01 * torch.randn_like(t.master)
     expected = sum(float((t.master.double().cpu() - t0.double()).pow(2).sum())
-                   for t, t0 in zip(es.tensors, es.theta0))
+                   for t, t0 in zip(es.tensors, theta0))
     assert squared_distance(es.theta0, [t.master for t in es.tensors]) ** 0.5 == pytest.approx(expected ** 0.5, rel=1e-5)
     es.rollout = fake_rollout([0.0, 1.0, 3.0, 2.0])
     log = es.step(Arithmetic(test_size=50).train_problems(8, seed=0), seed=0)  # the step logs this distance

@@ -207,9 +207,9 @@ def test_later_passes_on_a_batch_keep_pi_old(tiny_model_dir, monkeypatch):
     log = algo.update(r, adv)
     first, second = calls[:len(calls) // 2], calls[len(calls) // 2:]
     assert len(first) == len(second) == 4 and len(references) == 1
-    for (logps, old), (later_logps, later_old) in zip(first, second):
-        assert torch.equal(old, logps) and torch.equal(later_old, logps)
-        assert not torch.equal(later_logps, logps)  # the first step moved the policy
+    for (first_logps, old), (later_logps, later_old) in zip(first, second):
+        assert torch.equal(old, first_logps) and torch.equal(later_old, first_logps)
+        assert not torch.equal(later_logps, first_logps)  # the first step moved the policy
     assert {"entropy", "kl"} <= log.keys()
 
 

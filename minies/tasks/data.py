@@ -11,6 +11,7 @@ Repeated questions are kept once (the first), so that none can land in both spli
 candidates; questions are compared in full among rows whose hashes are equal, so two different questions
 are never merged.
 """
+import codecs
 import json
 import re
 from array import array
@@ -63,6 +64,7 @@ def read_problems(path, parse_row, flag="--data", least=2):
     try:
         with open(path, "rb") as f:
             text = f.read()
+        text = text.removeprefix(codecs.BOM_UTF8)  # the byte-order mark some editors write first: not a row's
         if LIST_START.match(text):
             text = text.decode("utf-8")  # a JSON list is read as text; JSON Lines stays bytes, decoded line by line
     except (OSError, UnicodeDecodeError) as e:

@@ -1,0 +1,66 @@
+"""Tensors kept in a file instead of the process's memory: ES's θ0 on a CPU.
+
+ES keeps θ0, the weights it started from, for one number a step (the drift ‖θ − θ0‖ in its log) and for its
+checkpoints. Held in memory that is 4 bytes per perturbed weight, as much as a float32 model itself: on a CPU,
+most of what lowrank ES adds to plain generation (SmolLM2-135M: 515 MiB of 1,668; docs/speed.md). Here the
+tensors go into a temporary file that has no name (the system's temporary directory, TMPDIR; nothing is left
+behind, even after kill -9) and come back a chunk at a time, read into one reused buffer: the operating
+system's page cache holds them while memory is free, and gives the memory back when a program needs it.
+"""
+import tempfile
+
+import torch
+
+
+class SpilledTensors:
+    """float32 CPU tensors in an unnamed temporary file: written whole (`write`), read back a chunk at a time
+    (`chunks`) or whole (`tensor`, or by iterating: for a checkpoint)."""
+
+    def __init__(self, tensors):
+        self.file = tempfile.TemporaryFile()
+        self.shapes = [t.shape for t in tensors]
+        self.offsets = [0]
+        for t in tensors:
+            self.offsets.append(self.offsets[-1] + 4 * t.numel())
+        for i, t in enumerate(tensors):
+            self.write(i, t)
+        self.file.flush()
+
+    def __len__(self):
+        return len(self.shapes)
+
+    def __iter__(self):
+        """Each tensor, whole, in memory (copies: writing into one changes nothing here)."""
+        return (self.tensor(i) for i in range(len(self)))
+
+    def write(self, i, tensor):
+        """Tensor i's values, from `tensor` (of its shape, any dtype and device)."""
+        if tensor.shape != self.shapes[i]:
+            raise ValueError(f"tensor {i} has shape {tuple(self.shapes[i])}, not {tuple(tensor.shape)}")
+        self.file.seek(self.offsets[i])
+        for chunk in tensor.detach().reshape(-1).split(2**20):  # converted 4 MB at a time, not the whole tensor
+            self.file.write(chunk.to("cpu", torch.float32).contiguous().numpy().data)
+        self.file.flush()
+
+    def chunks(self, i, size):
+        """Tensor i flattened, as float32 chunks of `size` elements (the last one shorter), each read into the
+        same buffer: use a chunk before asking for the next."""
+        buffer = torch.empty(size, dtype=torch.float32)
+        self.file.seek(self.offsets[i])
+        left = self.shapes[i].numel()
+        while left:
+            n = min(size, left)
+            view = memoryview(buffer[:n].numpy()).cast("B")
+            if self.file.readinto(view) != len(view):
+                raise OSError("the temporary file of ES's θ0 was cut short")
+            left -= n
+            yield buffer[:n]
+
+    def tensor(self, i):
+        """Tensor i, whole, in memory."""
+        out = torch.empty(self.shapes[i], dtype=torch.float32)
+        self.file.seek(self.offsets[i])
+        view = memoryview(out.reshape(-1).numpy()).cast("B")
+        if self.file.readinto(view) != len(view):
+            raise OSError("the temporary file of ES's θ0 was cut short")
+        return out
