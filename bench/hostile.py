@@ -1,6 +1,6 @@
 """train.py and eval.py against a hostile new user: bad, extreme and damaged input, each case in a process.
 
-    python -m bench.hostile                              # every case (~20 min on 2 cores)
+    python -m bench.hostile                              # every case (~15 min on 2 cores)
     python -m bench.hostile --only 'data|resume'         # the cases whose name matches
     python -m bench.hostile --list                       # the cases, what each expects and why
     python -m bench.hostile --json hostile.json --strict # results as JSON; exit 1 on any bad class

@@ -31,3 +31,24 @@ def test_the_process_keeps_none_of_it(tmp_path, monkeypatch):
     monkeypatch.setattr(tempfile, "tempdir", None)  # read TMPDIR again
     spilled = SpilledTensors([torch.ones(1000)])
     assert list(tmp_path.iterdir()) == [] and spilled.tensor(0).sum() == 1000
+
+
+def test_no_room_for_the_file_is_one_line(monkeypatch):
+    """A full temporary directory (or a file-size limit) ends in a UserError naming the directory and what to do."""
+    import tempfile
+
+    from minies import UserError
+
+    class Full:
+        def write(self, data):
+            raise OSError(28, "No space left on device")
+
+        def seek(self, offset):
+            pass
+
+        def flush(self):
+            pass
+
+    monkeypatch.setattr(tempfile, "TemporaryFile", Full)
+    with pytest.raises(UserError, match=r"θ0 \(4 MB\) in a temporary file in .*No space left on device.*TMPDIR"):
+        SpilledTensors([torch.ones(1_000_000)])

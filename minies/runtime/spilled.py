@@ -11,20 +11,30 @@ import tempfile
 
 import torch
 
+from minies import UserError
+
 
 class SpilledTensors:
     """float32 CPU tensors in an unnamed temporary file: written whole (`write`), read back a chunk at a time
     (`chunks`) or whole (`tensor`, or by iterating: for a checkpoint)."""
 
     def __init__(self, tensors):
-        self.file = tempfile.TemporaryFile()
         self.shapes = [t.shape for t in tensors]
         self.offsets = [0]
         for t in tensors:
             self.offsets.append(self.offsets[-1] + 4 * t.numel())
+        try:
+            self.file = tempfile.TemporaryFile()
+        except OSError as e:
+            raise self.no_room(e) from None
         for i, t in enumerate(tensors):
             self.write(i, t)
-        self.file.flush()
+
+    def no_room(self, error):
+        """A full or read-only temporary directory, a file-size limit: one line saying what to do."""
+        return UserError(f"cannot keep ES's starting weights θ0 ({self.offsets[-1] / 1e6:.0f} MB) in a temporary file "
+                         f"in {tempfile.gettempdir()} ({error.strerror}); free space there, or set TMPDIR to a "
+                         "directory with room")
 
     def __len__(self):
         return len(self.shapes)
@@ -37,10 +47,13 @@ class SpilledTensors:
         """Tensor i's values, from `tensor` (of its shape, any dtype and device)."""
         if tensor.shape != self.shapes[i]:
             raise ValueError(f"tensor {i} has shape {tuple(self.shapes[i])}, not {tuple(tensor.shape)}")
-        self.file.seek(self.offsets[i])
-        for chunk in tensor.detach().reshape(-1).split(2**20):  # converted 4 MB at a time, not the whole tensor
-            self.file.write(chunk.to("cpu", torch.float32).contiguous().numpy().data)
-        self.file.flush()
+        try:
+            self.file.seek(self.offsets[i])
+            for chunk in tensor.detach().reshape(-1).split(2**20):  # converted 4 MB at a time, not the whole tensor
+                self.file.write(chunk.to("cpu", torch.float32).contiguous().numpy().data)
+            self.file.flush()
+        except OSError as e:
+            raise self.no_room(e) from None
 
     def chunks(self, i, size):
         """Tensor i flattened, as float32 chunks of `size` elements (the last one shorter), each read into the
