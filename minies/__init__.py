@@ -15,10 +15,13 @@ class UserError(Exception):
 class ArgumentParser(argparse.ArgumentParser):
     """argparse whose errors end with one line starting with "error:", like every other user error. No
     abbreviated flags: the scripts read --model, --algo, --recipe and --task in a first pass, where an
-    abbreviation would be read differently (ES's --mode as --model)."""
+    abbreviation would be read differently (ES's --mode as --model). A value that starts with "-" is a value
+    when it is a number in any form float() reads (`--alpha -1e-3`, `--alpha -inf`); argparse's own pattern
+    knows only `-2` and `-0.5` and read the rest as an unknown flag ("expected one argument")."""
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, allow_abbrev=False, **kwargs)
+        self._negative_number_matcher = re.compile(r"-((\d+\.?\d*|\.\d+)(e[-+]?\d+)?|inf|infinity|nan)$", re.I)
 
     def error(self, message):
         self.exit(2, f"error: {message}; see --help\n")
@@ -51,7 +54,9 @@ def check_writable(directory, flag):
     existing = os.path.abspath(directory)
     while not os.path.exists(existing):
         existing = os.path.dirname(existing)
-    if not os.path.isdir(existing) or not os.access(existing, os.W_OK):
+    if not os.path.isdir(existing):
+        raise UserError(f"{flag} {directory}: {existing} is a file, not a directory; give a directory")
+    if not os.access(existing, os.W_OK):
         raise UserError(f"{flag} {directory}: {existing} is not a writable directory")
 
 

@@ -12,7 +12,7 @@ import numpy as np
 import torch
 
 from minies.metrics import average_ranks, mean_pass_at_k
-from minies.runtime.spilled import SpilledTensors
+from minies.runtime.spilled import TensorsInMemory
 
 LAYER_TYPES = ("embedding", "attention", "mlp", "norm", "other")
 DRIFT_CHUNK = 2**18  # elements per chunk of squared_distance(): 1 MB of fp32, cache-sized
@@ -109,7 +109,7 @@ def drift(theta0, theta):
     be of any dtype.
     """
     _check_same_names(theta0, theta)
-    squares = {kind: squared_distance([theta0[n] for n in theta0 if layer_type(n) == kind],
+    squares = {kind: squared_distance(TensorsInMemory(theta0[n] for n in theta0 if layer_type(n) == kind),
                                       [theta[n] for n in theta0 if layer_type(n) == kind], torch.float64)
                for kind in LAYER_TYPES}
     return {"total": math.sqrt(sum(squares.values())), **{k: math.sqrt(v) for k, v in squares.items()}}
@@ -117,21 +117,20 @@ def drift(theta0, theta):
 
 @torch.no_grad()
 def squared_distance(theta0, theta, dtype=torch.float32):
-    """‖θ − θ0‖² over the paired tensors of the lists `theta0` and `theta`, as a float: drift's, and that of
+    """‖θ − θ0‖² over the paired tensors of `theta0` and the list `theta`, as a float: drift's, and that of
     ES's log (minies/es.py). Each difference is taken where θ is, in `dtype`, a chunk of DRIFT_CHUNK elements
     at a time, written into one reused buffer and squared there: a whole tensor's difference would be a
     temporary as large as the tensor (docs/speed.md). The chunks' sums are added in float64. θ0's chunks
     stream to θ's device (asynchronously from pinned memory), and the caller waits once, for the total.
     The dtypes differ by use: ES's log runs every step on its fp32 masters, so in float32 where they live;
-    drift runs once, on weights of any dtype, so in float64. `theta0` may be a SpilledTensors (ES's θ0 on a CPU,
-    minies/runtime/spilled.py), read back a chunk at a time."""
+    drift runs once, on weights of any dtype, so in float64. `theta0` gives its tensors as chunks: a
+    TensorsInMemory, or a SpilledTensors (ES's θ0 on a CPU) read back from its file a chunk at a time
+    (minies/runtime/spilled.py)."""
     squares, buffer = [], None
     for i, t in enumerate(theta):
         if buffer is None or buffer.device != t.device:
             buffer = torch.empty(DRIFT_CHUNK, dtype=dtype, device=t.device)
-        chunks0 = (theta0.chunks(i, DRIFT_CHUNK) if isinstance(theta0, SpilledTensors)
-                   else theta0[i].reshape(-1).split(DRIFT_CHUNK))
-        for chunk, chunk0 in zip(t.reshape(-1).split(DRIFT_CHUNK), chunks0):
+        for chunk, chunk0 in zip(t.reshape(-1).split(DRIFT_CHUNK), theta0.chunks(i, DRIFT_CHUNK)):
             difference = torch.sub(chunk.to(dtype), chunk0.to(t.device, dtype, non_blocking=True),
                                    out=buffer[:chunk.numel()])
             squares.append(difference.mul_(difference).sum())

@@ -47,7 +47,7 @@ from minies.metrics import average_ranks
 from minies.models import int8_row_scales, model_device
 from minies.perturbed import PerturbedTensor, StepNoise
 from minies.runtime.placement import choose_mode, master_device
-from minies.runtime.spilled import SpilledTensors
+from minies.runtime.spilled import SpilledTensors, TensorsInMemory
 from minies.recipes import QIU
 from minies.rollout import encode, generate
 
@@ -185,7 +185,7 @@ class ES:
         self.step_noise = None if self.lowrank else StepNoise.when_it_pays(self.tensors, seeds, model_device(model))
         # θ0 for the drift log and the checkpoints: with the masters on CUDA, in pinned host memory (the drift
         # streams it there); with them on the host, in a temporary file (minies/runtime/spilled.py)
-        self.theta0 = ([torch.empty(t.master.shape, pin_memory=True).copy_(t.master) for t in self.tensors]
+        self.theta0 = (TensorsInMemory(torch.empty(t.master.shape, pin_memory=True).copy_(t.master) for t in self.tensors)
                        if config.master_device == "cuda" else SpilledTensors([t.master for t in self.tensors]))
         model.requires_grad_(False)  # ES never needs gradients; this also keeps generate cheap
 
@@ -280,10 +280,7 @@ class ES:
         for i, (t, master, saved_t0, scales) in enumerate(zip(self.tensors, state["master"], state["theta0"],
                                                               state["row_scales"])):
             t.master.copy_(master)
-            if isinstance(self.theta0, list):
-                self.theta0[i].copy_(saved_t0)
-            else:
-                self.theta0.write(i, saved_t0)
+            self.theta0.write(i, saved_t0)
             if scales is not None:
                 int8_row_scales(t.module).copy_(scales)
             t.write_clean()

@@ -36,8 +36,9 @@ BAD = {
     "eval: --temperature -1": ("eval.py", ["--temperature", -1], "--temperature"),
     "train: --micro-batch 0": ("train.py", ["--micro-batch", 0], "--micro-batch"),
     "eval: --micro-batch 0": ("eval.py", ["--micro-batch", 0], "--micro-batch"),
-    "train: --out under a regular file": ("train.py", ["--out", "{file}/sub"], "--out"),
-    "eval: --out under a regular file": ("eval.py", ["--n", 1, "--k", 1, "--out", "{file}/sub/x.json"], "--out"),
+    "train: --out under a regular file": ("train.py", ["--out", "{file}/sub"], "is a file, not a directory"),
+    "eval: --out under a regular file": ("eval.py", ["--n", 1, "--k", 1, "--out", "{file}/sub/x.json"],
+                                          "is a file, not a directory"),
     "eval: --out is a directory": ("eval.py", ["--n", 1, "--k", 1, "--out", "{tmp}"], "--out"),
     # Ran silently before (and did something else than asked).
     "train: --steps -1": ("train.py", ["--steps", -1], "--steps"),
@@ -81,6 +82,9 @@ BAD = {
     "train: --seed -1": ("train.py", ["--seed", -1], "--seed"),
     "train: --population 0": ("train.py", ["--population", 0], "--population"),
     "train: --alpha inf": ("train.py", ["--alpha", "inf"], "--alpha"),
+    # A negative number in exponent or inf form is the flag's value, not an unknown flag.
+    "train: --alpha -inf": ("train.py", ["--alpha", "-inf"], "--alpha: -inf is not a number in"),
+    "train: --sigma -1e-3": ("train.py", ["--sigma", "-1e-3"], "--sigma: -1e-3 is not a number in"),
     "train: --rank 0": ("train.py", ["--mode", "lowrank", "--rank", 0], "--rank"),
     "train grpo: --prompts 0": ("train.py", ["--algo", "grpo", "--prompts", 0], "--prompts"),
     "train grpo: --beta -1": ("train.py", ["--algo", "grpo", "--beta", -1], "--beta"),

@@ -16,7 +16,7 @@ from minies.eggroll import LowRankPopulation
 from minies.es import ES, ESConfig, ScoredRollouts, member_seeds, normalize_rewards
 from minies.models import int8_row_scales, load_model, load_tokenizer
 from minies.perturbed import PerturbedTensor, noise
-from minies.runtime.spilled import SpilledTensors
+from minies.runtime.spilled import SpilledTensors, TensorsInMemory
 from minies.tasks import Arithmetic, Score
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -355,6 +355,7 @@ def test_drift_sums_over_chunks_to_the_distance_from_the_start(tiny_model_dir, m
     es = make_es(tiny_model_dir, device=device, params=".*", master_device=masters)
     assert all(t.master.device.type == es.config.master_device for t in es.tensors)
     if es.config.master_device == "cuda":
+        assert isinstance(es.theta0, TensorsInMemory)
         assert all(t0.device.type == "cpu" and t0.is_pinned() for t0 in es.theta0)
         theta0 = es.theta0
     else:

@@ -1,4 +1,4 @@
-"""Tensors kept in a file instead of the process's memory: ES's θ0 on a CPU.
+"""Where ES keeps θ0: in a file instead of the process's memory on a CPU, in pinned memory for CUDA.
 
 ES keeps θ0, the weights it started from, for one number a step (the drift ‖θ − θ0‖ in its log) and for its
 checkpoints. Held in memory that is 4 bytes per perturbed weight, as much as a float32 model itself: on a CPU,
@@ -6,7 +6,8 @@ most of what lowrank ES adds to plain generation (SmolLM2-135M: 515 MiB, where p
 peaks at ~1,200 MiB; docs/speed.md). Here the tensors go into a temporary file that has no name (the system's
 temporary directory, TMPDIR; nothing is left behind, even after kill -9) and come back a chunk at a time, read
 into one reused buffer: the operating system's page cache holds them while memory is free, and gives the
-memory back when a program needs it.
+memory back when a program needs it. With the masters on CUDA, θ0 stays in pinned host memory instead, from
+which its chunks stream to the device (TensorsInMemory: the same methods, so ES and the drift never ask which).
 """
 import tempfile
 
@@ -61,20 +62,28 @@ class SpilledTensors:
         same buffer: use a chunk before asking for the next."""
         buffer = torch.empty(size, dtype=torch.float32)
         self.file.seek(self.offsets[i])
-        left = self.shapes[i].numel()
-        while left:
-            n = min(size, left)
-            view = memoryview(buffer[:n].numpy()).cast("B")
-            if self.file.readinto(view) != len(view):
-                raise OSError("the temporary file of ES's θ0 was cut short")
-            left -= n
-            yield buffer[:n]
+        for start in range(0, self.shapes[i].numel(), size):
+            yield self._read_into(buffer[:min(size, self.shapes[i].numel() - start)])
 
     def tensor(self, i):
         """Tensor i, whole, in memory."""
-        out = torch.empty(self.shapes[i], dtype=torch.float32)
         self.file.seek(self.offsets[i])
+        return self._read_into(torch.empty(self.shapes[i], dtype=torch.float32))
+
+    def _read_into(self, out):
+        """`out` (contiguous float32) filled from the file's position on."""
         view = memoryview(out.reshape(-1).numpy()).cast("B")
         if self.file.readinto(view) != len(view):
             raise OSError("the temporary file of ES's θ0 was cut short")
         return out
+
+
+class TensorsInMemory(list):
+    """A list of tensors with SpilledTensors' `write` and `chunks`: θ0 in pinned host memory when the masters
+    are on CUDA, or any weights whose drift is measured (minies/analysis.py)."""
+
+    def write(self, i, tensor):
+        self[i].copy_(tensor)
+
+    def chunks(self, i, size):
+        return self[i].reshape(-1).split(size)
