@@ -1,7 +1,7 @@
 """Reproduce the founding papers' findings on the shipped model (docs/papers.md).
 
     python -m bench.reproduce --quick            # a smoke run of every stage: under a minute on one core
-    python -m bench.reproduce --out results      # the full run: 37 min on 2 cores (plan and estimate printed first)
+    python -m bench.reproduce --out results      # the full run: 20 min on 2 cores (plan and estimate printed first)
     python -m bench.reproduce --task countdown --out results/countdown    # the same on Countdown: 64 min
 
 On Countdown, a problem may have several correct expressions, so the final evaluations also count the
