@@ -158,7 +158,8 @@ SWEEP = [
     ("train", "train.py", TINY_ES, {
         "--steps": (int, {"huge": ("skip", None, "10**30 steps is what was asked: a run until it is killed")}),
         "--seed": (int, {"0": RUN}), "--save-every": (int, {}), "--keep-checkpoints": (int, {}),
-        "--eval-every": (int, {"0": RUN}),  # 10**30 is past an int's range: refused; 2**31 - 1 means never "--eval-problems": (int, {}), "--eval-samples": (int, {}),
+        "--eval-every": (int, {"0": RUN}),  # 10**30 is past an int's range: refused; 2**31 - 1 means never
+        "--eval-problems": (int, {}), "--eval-samples": (int, {}),
         "--final-samples": (int, {}), "--max-weight-growth": (float, {"inf": RUN, "huge": RUN}),
         "--train-problems": (int, {}),  # 10**30 distinct problems cannot exist: refuse, not draw forever
         "--max-new-tokens": (int, {}),  # 10**30 tokens cannot be generated: refuse, not allocate for ever

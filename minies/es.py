@@ -185,8 +185,11 @@ class ES:
         self.step_noise = None if self.lowrank else StepNoise.when_it_pays(self.tensors, seeds, model_device(model))
         # θ0 for the drift log and the checkpoints: with the masters on CUDA, in pinned host memory (the drift
         # streams it there); with them on the host, in a temporary file (minies/runtime/spilled.py)
-        self.theta0 = (TensorsInMemory(torch.empty(t.master.shape, pin_memory=True).copy_(t.master) for t in self.tensors)
-                       if config.master_device == "cuda" else SpilledTensors([t.master for t in self.tensors]))
+        if config.master_device == "cuda":
+            self.theta0 = TensorsInMemory(torch.empty(t.master.shape, pin_memory=True).copy_(t.master)
+                                          for t in self.tensors)
+        else:
+            self.theta0 = SpilledTensors([t.master for t in self.tensors])
         model.requires_grad_(False)  # ES never needs gradients; this also keeps generate cheap
 
     @torch.no_grad()
@@ -233,8 +236,8 @@ class ES:
 
     @record_function("es.update")
     def update(self, members, z):
-        """θ ← θ + α·(1/N)·Σ_n z_n·ε_n (ε_n signed: −ε of its pair for a mirrored member), on each perturbed
-        tensor's fp32 master, then the model's tensor is rewritten from it. Returns the update's norm."""
+        """θ ← θ + α·(1/N)·Σ_n z_n·ε_n (ε_n signed: −ε of its pair for a mirrored member), on each
+        perturbed tensor's fp32 master, then the model's tensor is rewritten from it. Returns the update's norm."""
         # The sum as (seed, coefficient) terms. An optimization: a mirrored pair shares its seed, hence its ε,
         # so its two terms merge into one, (z_2k − z_2k+1)·ε_2k, and each ε is regenerated once, not twice.
         terms = {}
@@ -288,4 +291,5 @@ class ES:
     def model_to_save(self):
         """The model; with 8-bit weights its dequantized float copy, which any from_pretrained loads (as 8-bit
         again with --load-in-8bit)."""
-        return lora.merged_model(self.model) if any(p.dtype == torch.int8 for p in self.model.parameters()) else self.model
+        int8 = any(p.dtype == torch.int8 for p in self.model.parameters())
+        return lora.merged_model(self.model) if int8 else self.model

@@ -62,8 +62,9 @@ class SpilledTensors:
         same buffer: use a chunk before asking for the next."""
         buffer = torch.empty(size, dtype=torch.float32)
         self.file.seek(self.offsets[i])
-        for start in range(0, self.shapes[i].numel(), size):
-            yield self._read_into(buffer[:min(size, self.shapes[i].numel() - start)])
+        numel = self.shapes[i].numel()
+        for start in range(0, numel, size):
+            yield self._read_into(buffer[:min(size, numel - start)])
 
     def tensor(self, i):
         """Tensor i, whole, in memory."""
