@@ -2,7 +2,7 @@
 
     python -m bench.reproduce --quick            # a smoke run of every stage: under a minute on one core
     python -m bench.reproduce --out results      # the full run: 20 min on 2 cores (plan and estimate printed first)
-    python -m bench.reproduce --task countdown --out results/countdown    # the same on Countdown: 64 min
+    python -m bench.reproduce --task countdown --out results/countdown    # the same on Countdown: 21 min
 
 On Countdown, a problem may have several correct expressions, so the final evaluations also count the
 distinct correct ones that the samples find per solved problem (Score.solution, minies/evaluate.py), and

@@ -9,9 +9,10 @@ where the same step on one thread lost nothing (docs/speed.md, "A CPU shared wit
 So a script that turns it on (set_up_process, minies/runtime/__init__.py) measures, before each generation, how
 many cores the *other* programs used since the last look (the machine's busy time in /proc/stat less this process's
 own), and runs on the cores left, at most as many threads as it started with, at least one. On a quiet machine
-nothing changes. The thread count changes no result: the shipped models' rewards and weights were bit-identical on
-one thread and on two (a logged norm differed in its last digits). OMP_NUM_THREADS, when set, wins: the count is
-then fixed.
+nothing changes. On the shipped terse models the thread count changes no result (rewards and weights bit-identical
+on one thread and on two); with longer rows a reduction split over another number of threads rounds its last bits
+differently, and a sampled run that followed a busy machine can part from a quiet one (docs/speed.md, "A CPU
+shared with other work"). OMP_NUM_THREADS, when set, wins: the count is then fixed.
 """
 import os
 import time
