@@ -9,10 +9,10 @@ where the same step on one thread lost nothing (docs/speed.md, "A CPU shared wit
 So a script that turns it on (set_up_process, minies/runtime/__init__.py) measures, before each generation, how
 many cores the *other* programs used since the last look (the machine's busy time in /proc/stat less this process's
 own), and runs on the cores left, at most as many threads as it started with, at least one. On a quiet machine
-nothing changes. On the shipped terse models the thread count changes no result (rewards and weights bit-identical
-on one thread and on two); with longer rows a reduction split over another number of threads rounds its last bits
-differently, and a sampled run that followed a busy machine can part from a quiet one (docs/speed.md, "A CPU
-shared with other work"). OMP_NUM_THREADS, when set, wins: the count is then fixed.
+nothing changes. The count can change a result's last bits: a reduction split over another number of threads
+rounds differently (with longer rows than the shipped terse models', whose results are bit-identical on one thread
+and on two), so a sampled run that shares a busy machine repeats only with the count fixed. OMP_NUM_THREADS, when
+set, wins: the count is then fixed (docs/speed.md, "A CPU shared with other work").
 """
 import os
 import time
