@@ -157,9 +157,11 @@ class TaskOptions:
                          choices=["auto", *REWARDS])
     max_new_tokens: int = option(None, "tokens generated per completion (default: the task's for the prompt "
                                  "style; instruct: arithmetic 256, countdown 1024, gsm8k 512)", check="count")
-    numbers: int = option(None, "generated problems' difficulty: how many numbers each has (default: the task's: "
-                          "arithmetic sums 2, countdown gives 3 with terse prompts, else 3 or 4; countdown takes 2 "
-                          "to 6)", check="numbers")
+    numbers: list = option(None, "generated problems' difficulty: how many numbers each has, one count or several "
+                           "(each problem draws one of them: --numbers 2 3 mixes sums of two and three numbers); "
+                           "each an integer in [1, 50] (default: the task's: arithmetic sums 2, countdown gives 3 "
+                           "with terse prompts, else 3 or 4; countdown takes 2 to 6)", nargs="+",
+                           type=checked(int, "numbers"))
     low: int = option(None, "generated problems' difficulty: the smallest number, inclusive (default: the task's: "
                       "arithmetic 0, countdown 1; countdown takes 1 or more)", check="number_value")
     high: int = option(None, "generated problems' difficulty: the largest number, inclusive (default: the task's: "

@@ -3,7 +3,9 @@ malformed rate, the reward scheme's mean format credit ("format_reward"), trunca
 max_new_tokens, which a reasoning model needs to watch: a cut-off trace has no answer), mean full-vocabulary token
 entropy, mean completion length, and for tasks with several correct solutions per problem (Countdown) how many
 distinct ones the n samples found per solved problem ("distinct_correct") and which share of all of them
-("solution_coverage"). "ci95_pass@1" is the half-width of pass@1's 95% interval over problems: 1.96 standard errors
+("solution_coverage"). "sampling_only" is the share of problems that greedy decoding gets wrong but at least one of
+the n samples gets right: the problems a policy that sharpens towards its greedy answer can stop solving, where a
+fall in pass@k at large k shows first. "ci95_pass@1" is the half-width of pass@1's 95% interval over problems: 1.96 standard errors
 of the mean of the problems' own pass@1 (a run that moves pass@1 by less than the two intervals' overlap may not
 have moved it at all)."""
 import numpy as np
@@ -57,8 +59,10 @@ def evaluate(model, tokenizer, task, problems, n=16, ks=(1, 16), temperature=1.0
         result["mean_length"] = sum(length) / (len(problems) * n)
         result.update(solution_metrics(task, problems, found))
     if greedy:
-        result["greedy_accuracy"] = greedy_accuracy(model, tokenizer, task, problems, micro_batch, chat_template,
-                                                   compile_decoding)
+        right = greedy_correct(model, tokenizer, task, problems, micro_batch, chat_template, compile_decoding)
+        result["greedy_accuracy"] = float(np.mean(right))
+        if n > 0:
+            result["sampling_only"] = float(np.mean((correct > 0) & ~right))
     return result
 
 
@@ -80,8 +84,9 @@ def solution_metrics(task, problems, found):
             "solution_coverage": float(np.mean([len(found[i]) / task.solution_count(problems[i]) for i in solved]))}
 
 
-def greedy_accuracy(model, tokenizer, task, problems, micro_batch=256, chat_template=True, compile_decoding=True):
+def greedy_correct(model, tokenizer, task, problems, micro_batch=256, chat_template=True, compile_decoding=True):
+    """Whether greedy decoding answers each problem correctly (a bool array)."""
     prompts = task.prompts(tokenizer, problems, chat_template)
     r = generate(model, tokenizer, prompts, task.max_new_tokens, greedy=True, micro_batch=micro_batch,
                  compile_decoding=compile_decoding)
-    return float(np.mean([task.score(text, problem).correct for problem, text in zip(problems, r.texts)]))
+    return np.array([task.score(text, problem).correct for problem, text in zip(problems, r.texts)], dtype=bool)

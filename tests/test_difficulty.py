@@ -113,11 +113,12 @@ def test_bad_flags_end_in_one_error_line(script, flags, mention, tmp_path, model
 
 def test_the_scripts_parse_the_flags():
     cfg = train.parse_args(["--numbers", "3", "--low", "100", "--high", "999"])[0]
-    assert (cfg.numbers, cfg.low, cfg.high) == (3, 100, 999)
+    assert (cfg.numbers, cfg.low, cfg.high) == ([3], 100, 999)
+    assert train.parse_args(["--numbers", "2", "3"])[0].numbers == [2, 3]
     cfg = train.parse_args([])[0]
     assert (cfg.numbers, cfg.low, cfg.high) == (None, None, None)  # each task's own
     cfg = eval_script.parse_args(["--task", "countdown", "--numbers", "4", "--low", "1", "--high", "9"])
-    assert (cfg.task, cfg.numbers, cfg.low, cfg.high) == ("countdown", 4, 1, 9)
+    assert (cfg.task, cfg.numbers, cfg.low, cfg.high) == ("countdown", [4], 1, 9)
 
 
 def test_config_json_records_them_and_resume_refuses_a_change(tmp_path, model_dir, capsys):
@@ -127,9 +128,33 @@ def test_config_json_records_them_and_resume_refuses_a_change(tmp_path, model_di
     assert code == 0, capsys.readouterr().err[-3000:]
     run = tmp_path / "es-arithmetic-seed0"
     recorded = json.loads((run / "config.json").read_text())["train"]
-    assert (recorded["numbers"], recorded["low"], recorded["high"]) == (3, 10, 99)
+    assert (recorded["numbers"], recorded["low"], recorded["high"]) == ([3], 10, 99)
     latest = (run / "latest").read_text()
     code, message = run_in_process("train.py", *tiny, "--steps", 2, "--resume", "--numbers", 4)
     last = assert_one_line_error("resume with another --numbers", code, capsys.readouterr().err + message)
     assert "--numbers 4 (the run has 3)" in last, last
     assert (run / "latest").read_text() == latest
+
+
+def test_several_counts_mix_difficulties_and_one_count_draws_as_before():
+    mixed = Arithmetic(numbers=[2, 3], high=20, prompt_style="equation")
+    counts = [len(p.question.split(" + ")) for p in mixed.test_problems()]
+    assert set(counts) == {2, 3} and 0.3 < counts.count(2) / len(counts) < 0.7
+    assert all(int(p.answer) == sum(map(int, p.question.split(" + "))) for p in mixed.test_problems())
+    # One count as a list spends no random draw on choosing it: the same problems as the int.
+    assert fingerprint(Arithmetic(numbers=[3]).test_problems()) == fingerprint(Arithmetic(numbers=3).test_problems())
+    with pytest.raises(UserError, match="--numbers 2 51"):
+        Arithmetic(numbers=[2, 51])
+    with pytest.raises(UserError, match="--numbers 4 7"):
+        Countdown(numbers=[4, 7])
+
+
+def test_a_run_recorded_with_one_int_resumes_with_the_same_count_as_a_list(tmp_path, model_dir, capsys):
+    tiny = ["--model", model_dir, "--out", tmp_path, "--population", 4, "--prompts-per-step", 4, "--eval-problems", 4,
+            "--final-samples", 2, "--eval-every", 0, "--save-every", 1, "--numbers", 3]
+    assert run_in_process("train.py", *tiny, "--steps", 1)[0] == 0, capsys.readouterr().err[-3000:]
+    config = tmp_path / "es-arithmetic-seed0" / "config.json"
+    recorded = json.loads(config.read_text())
+    recorded["train"]["numbers"] = 3  # as a run made when --numbers took one value recorded it
+    config.write_text(json.dumps(recorded))
+    assert run_in_process("train.py", *tiny, "--steps", 2, "--resume")[0] == 0, capsys.readouterr().err[-3000:]

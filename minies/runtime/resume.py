@@ -73,6 +73,15 @@ MAY_CHANGE_ON_RESUME = {"steps", "eval_every", "save_every", "keep_checkpoints",
                         "master_device", "compile_decoding", "recipe"}
 
 
+def as_list(value):
+    return list(value) if isinstance(value, (list, tuple)) else [value]
+
+
+def typed(value):
+    """A setting as it is typed on the command line: a list's items space-separated."""
+    return " ".join(map(str, value)) if isinstance(value, (list, tuple)) else value
+
+
 def check_resumed_settings(run_dir, cfg, algo_cfg, by_recipe):
     """A UserError naming every setting of this command line that differs from the run's config.json, with
     the recorded value and, for a value a recipe gave, that recipe (paths compared as the directories or files
@@ -91,12 +100,14 @@ def check_resumed_settings(run_dir, cfg, algo_cfg, by_recipe):
     def same(key, a, b):
         if isinstance(a, str) and isinstance(b, str) and key in ("model", "data", "eval_data"):
             return os.path.realpath(os.path.expanduser(a)) == os.path.realpath(os.path.expanduser(b))
+        if key == "numbers":  # a list of counts; a run made before --numbers took several recorded one int
+            return as_list(a) == as_list(b)
         return a == b
 
     def origin(key):
         return f"from {by_recipe[key]}; " if key in by_recipe else ""
 
-    differences = [f"--{key.replace('_', '-')} {now} ({origin(key)}the run has {recorded_part.get(key)})"
+    differences = [f"--{key.replace('_', '-')} {typed(now)} ({origin(key)}the run has {typed(recorded_part.get(key))})"
                    for recorded_part, settings in ((recorded_train, asdict(cfg)), (recorded[cfg.algo], asdict(algo_cfg)))
                    for key, now in settings.items()
                    if key not in MAY_CHANGE_ON_RESUME and not same(key, now, recorded_part.get(key))]

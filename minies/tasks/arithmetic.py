@@ -3,7 +3,9 @@ minutes on a CPU and stays far from perfect, which leaves room for every method 
 
 Difficulty (--numbers, --low, --high): how many integers are summed (default 2, at most MAX_NUMBERS) and the
 inclusive range each is drawn from (default 0..99, never below 0: a question writes the sum as 12+93). The
-largest possible sum must fit in an answer's ANSWER_DIGITS digits.
+largest possible sum must fit in an answer's ANSWER_DIGITS digits. Several counts (--numbers 2 3) mix
+difficulties: each problem draws its count, so one task holds problems a model solves at different rates, the
+ground on which a policy that sharpens can lose the problems it solved only by sampling (docs/results.md).
 
 Prompt styles: terse and instruct (minies/tasks/base.py) ask for the sum inside the answer tag. `equation` is
 for small instruction-tuned models, which write "14 + 25 = 39" but not the tag (SmolLM2-135M-Instruct: 0%
@@ -14,7 +16,7 @@ import re
 
 from minies import UserError
 from minies.tasks.base import DEFAULT_SYSTEM, PROMPT_STYLES, Problem, PromptStyle, Task, last_answer_tag, make_score
-from minies.tasks.difficulty import check_range
+from minies.tasks.difficulty import check_range, counts_of
 
 ANSWER_DIGITS = 12
 ANSWER = re.compile(rf"-?[0-9]{{1,{ANSWER_DIGITS}}}")  # ASCII digits only: int() would also read "１２" or "١٢"
@@ -25,7 +27,8 @@ MAX_NUMBERS = 50
 
 
 class Arithmetic(Task):
-    """Sum of `numbers` random integers in [low, high] (None: 2 in 0..99). terse: "12+93" ->
+    """Sum of `numbers` random integers in [low, high] (None: 2 in 0..99); `numbers` may be a list of counts,
+    one drawn per problem. terse: "12+93" ->
     "<answer>105</answer>"; instruct: a one-line instruction that asks for the number inside the answer tag;
     equation: "What is 12 + 93?", answered after "12 + 93 =" -> " 105"."""
 
@@ -36,21 +39,24 @@ class Arithmetic(Task):
     default_max_new_tokens = {"terse": 10, "instruct": 256, "equation": 8}
 
     def __init__(self, seed=0, test_size=500, numbers=None, low=None, high=None, **kwargs):
-        self.numbers = 2 if numbers is None else numbers
+        self.counts = counts_of(numbers, (2,))
         self.low = 0 if low is None else low
         self.high = 99 if high is None else high
-        if not 1 <= self.numbers <= MAX_NUMBERS:
-            raise UserError(f"--numbers {self.numbers}: --task arithmetic sums 1 to {MAX_NUMBERS} numbers")
+        if not all(1 <= count <= MAX_NUMBERS for count in self.counts):
+            raise UserError(f"--numbers {' '.join(map(str, self.counts))}: --task arithmetic sums 1 to {MAX_NUMBERS} "
+                            "numbers")
         if self.low < 0:
             raise UserError(f"--low {self.low}: --task arithmetic sums numbers >= 0 (a question reads 12+93)")
-        check_range(self.name, (self.numbers,), self.low, self.high, test_size)
-        if len(str(self.numbers * self.high)) > ANSWER_DIGITS:
-            raise UserError(f"--numbers {self.numbers} --high {self.high}: sums reach {self.numbers * self.high}, "
+        check_range(self.name, self.counts, self.low, self.high, test_size)
+        largest = max(self.counts) * self.high
+        if len(str(largest)) > ANSWER_DIGITS:
+            raise UserError(f"--numbers {max(self.counts)} --high {self.high}: sums reach {largest}, "
                             f"past the {ANSWER_DIGITS} digits an answer may have; lower --high or --numbers")
         super().__init__(seed, test_size, **kwargs)
 
     def problem(self, rng):
-        xs = [rng.randint(self.low, self.high) for _ in range(self.numbers)]
+        count = self.counts[0] if len(self.counts) == 1 else rng.choice(self.counts)  # one count: no draw spent
+        xs = [rng.randint(self.low, self.high) for _ in range(count)]
         if self.prompt_style == "terse":
             question = "+".join(map(str, xs))
         elif self.prompt_style == "equation":

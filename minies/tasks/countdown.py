@@ -50,7 +50,7 @@ from fractions import Fraction
 from minies.tasks.base import (PROMPT_STYLES, PromptStyle, Score, SolvedProblem, Task, answer_tags, last_answer_tag,
                                make_score)
 from minies import UserError
-from minies.tasks.difficulty import check_range, refuse_with_files
+from minies.tasks.difficulty import check_range, counts_of, refuse_with_files
 from minies.tasks.expressions import (TARGET, TOLERANCE, cached_solutions, parse_expression, python_value,
                                       random_expression, reaches, solvable)
 
@@ -114,12 +114,12 @@ class Countdown(Task):
                 refuse_with_files(f"the problems come from --{flag.replace('_', '-')} {kwargs[flag]}", numbers, low,
                                   high)
         counts, default_low, default_high, max_target = GENERATED["terse" if prompt_style == "terse" else "instruct"]
-        self.counts = counts if numbers is None else (numbers,)
+        self.counts = counts_of(numbers, counts)
         self.low = default_low if low is None else low
         self.high = default_high if high is None else high
         self.max_target = max_target if (self.low, self.high) == (default_low, default_high) else None  # docstring
-        if numbers is not None and not self.MIN_NUMBERS <= numbers <= self.MAX_NUMBERS:
-            raise UserError(f"--numbers {numbers}: --task countdown takes {self.MIN_NUMBERS} to {self.MAX_NUMBERS} "
+        if not all(self.MIN_NUMBERS <= count <= self.MAX_NUMBERS for count in self.counts):
+            raise UserError(f"--numbers {' '.join(map(str, self.counts))}: --task countdown takes {self.MIN_NUMBERS} to {self.MAX_NUMBERS} "
                             "numbers (counting the solutions of more takes minutes per problem)")
         if self.low < 1:
             raise UserError(f"--low {self.low}: --task countdown draws numbers >= 1 (positive numbers always reach a "

@@ -6,10 +6,18 @@ from minies import UserError
 
 def refuse_with_files(source, numbers=None, low=None, high=None):
     """Refuse any difficulty flag given where the problems are read, not generated; `source` says from where."""
-    given = " ".join(f"--{flag} {value}" for flag, value in (("numbers", numbers), ("low", low), ("high", high))
-                     if value is not None)
+    given = " ".join(f"--{flag} {' '.join(map(str, value)) if isinstance(value, (list, tuple)) else value}"
+                     for flag, value in (("numbers", numbers), ("low", low), ("high", high)) if value is not None)
     if given:
         raise UserError(f"{given}: the difficulty flags apply to generated problems only, and {source}; drop {given}")
+
+
+def counts_of(numbers, default):
+    """--numbers as a tuple of distinct counts, in the order given: `default` for None, a single int (the Python
+    API's form) as one count."""
+    if numbers is None:
+        return tuple(default)
+    return tuple(dict.fromkeys(numbers if isinstance(numbers, (list, tuple)) else (numbers,)))
 
 
 def check_range(task, counts, low, high, test_size):

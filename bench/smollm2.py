@@ -1,0 +1,255 @@
+"""The founding papers' claims on a real model, SmolLM2-135M-Instruct (docs/results.md section 5).
+
+    OMP_NUM_THREADS=2 python -m bench.smollm2 --out results/smollm2     # hours on 2 cores; run it again after any stop
+    python -m bench.smollm2 --quick --out /tmp/smollm2-quick            # every stage at toy size on the shipped model
+
+Every piece of work leaves a file behind it, and a run of the command does only the pieces whose files are
+missing: a stopped run (a kill, a full disk, the end of a session) goes on where it was when the command is given
+again, and a training run stopped mid-way continues from its last checkpoint (train.py --resume: bit-identical to an
+unbroken run). Set OMP_NUM_THREADS: a sampled run repeats to the last bit only at a fixed thread count
+(minies/runtime/threads.py), and the command records the count it ran at. `--only` splits the work between
+processes (e.g. one for the ES check, one for GRPO and C3PO), each with OMP_NUM_THREADS=1.
+
+The pieces, in order:
+1. The start model on seed 0's held-out split (--problems × --samples, and greedily): evals/start-seed0.json; its
+   mean completion length sizes every run. The other seeds' splits come with the final evaluations (4).
+2. ES's estimators at an equal budget of generated training tokens (seed 0): in place (full rank, Qiu et al.'s
+   N, σ, α), lowrank at rank 1 and at --es-check-rank, and a σ × α check around Qiu et al.'s values at a third of
+   the budget (lowrank, rank 1). Held-out pass@1 against tokens and wall time from each run's log.
+3. ES (in --es-mode), GRPO and C3PO for seeds 0..S-1 at the same --tokens; ES's seed-0 run is the check's run of
+   the same mode when there is one.
+4. Every final model on its seed's held-out split, as the start model (evals/<run>.json), and on --transfer-numbers
+   sums (evals/<run>-transfer.json): does a trained model keep a skill it was not trained on?
+5. Functional sparsity: seed 0's ES and GRPO models with only the largest x% of |θ − θ0| applied.
+Then results.json, results.md and the plots are written from the files (bench/smollm2_report.py).
+"""
+import argparse
+import json
+import os
+import time
+from dataclasses import asdict, dataclass
+
+import train
+from bench.reproduce import KEEP_FRACTIONS, load_weights, read_log, weights
+from minies import ArgumentParser, UserError, run_script
+from minies.analysis import sparsified
+from minies.config import add_arguments, from_args, option
+from minies.evaluate import evaluate
+from minies.models import default_device, load_config, load_model, load_tokenizer
+from minies.recipes import prompt_style_for
+from minies.runtime import checkpoint, set_up_process
+from minies.runtime.checkpoint import written
+from minies.tasks import get_task
+
+METHODS = ("es", "grpo", "c3po")
+
+
+@dataclass
+class SmolConfig:
+    model: str = option("smollm2-135m", "the start model (its own recipe applies to every run)")
+    out: str = option("results/smollm2", "output directory: evals/, runs/, es-check/, results.json, results.md, plots")
+    numbers: list = option((3,), "the task level: numbers per sum (docs/results.md: where coverage can collapse)",
+                           nargs="+", type=int)
+    high: int = option(9, "the task level: the largest number, inclusive")
+    seeds: int = option(3, "seeds 0..S-1 for every method", check="positive")
+    tokens: int = option(60_000, "generated training tokens per run, the same for every method", check="positive")
+    es_mode: str = option("lowrank", "ES's estimator in the seeded runs (the ES check measures both)",
+                          choices=["inplace", "lowrank"])
+    es_prompts: int = option(8, "ES prompts per step (30 members each)", check="positive")
+    es_check_rank: int = option(8, "the larger rank of the ES check", check="positive")
+    es_check_grid: str = option("0.001:0.002,0.003:0.0005,0.003:0.002",
+                                "σ:α pairs of the short ES runs beside Qiu et al.'s 0.001:0.0005; '' for none")
+    problems: int = option(200, "held-out problems of the final evaluations", check="positive")
+    samples: int = option(64, "samples per problem of the final evaluations (pass@k up to k = samples)",
+                          check="positive")
+    eval_problems: int = option(200, "held-out problems of the evaluations during training", check="positive")
+    eval_samples: int = option(4, "samples per problem of the evaluations during training", check="positive")
+    evals_per_run: int = option(6, "evaluations during each training run", check="positive")
+    transfer_numbers: int = option(2, "the other task level (numbers per sum, in 0..99) each final model is "
+                                   "evaluated on", check="positive")
+    transfer_samples: int = option(8, "samples per problem on the other task level", check="positive")
+    sparsity_samples: int = option(8, "samples per problem of the sparsified models", check="positive")
+    only: str = option("", "comma-separated pieces this process does besides the start model's evaluation on "
+                       "seed 0 (es-check, es, grpo, c3po, evals, sparsity); '' for all")
+    quick: bool = option(False, "every piece at toy size on the shipped model (changes the defaults above)")
+
+
+QUICK = {"model": "minies/assets/tiny", "seeds": 2, "tokens": 1500, "es_prompts": 2, "problems": 8, "samples": 4,
+         "eval_problems": 8, "eval_samples": 2, "evals_per_run": 2, "transfer_samples": 2, "sparsity_samples": 2,
+         "es_check_grid": "0.003:0.002", "high": 20}
+
+
+def parse_args(argv):
+    pre = argparse.ArgumentParser(add_help=False)
+    pre.add_argument("--quick", action="store_true")
+    parser = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_arguments(parser, SmolConfig, "smollm2")
+    if pre.parse_known_args(argv)[0].quick:
+        parser.set_defaults(**QUICK)
+    cfg = from_args(SmolConfig, parser.parse_args(argv))
+    grid(cfg)  # a malformed --es-check-grid fails here, before anything runs
+    return cfg
+
+
+def grid(cfg):
+    """[(σ, α)] of --es-check-grid."""
+    try:
+        pairs = [tuple(float(x) for x in pair.split(":")) for pair in cfg.es_check_grid.split(",") if pair.strip()]
+    except ValueError:
+        pairs = [()]
+    if not all(len(p) == 2 and p[0] > 0 and p[1] > 0 for p in pairs):
+        raise UserError(f"--es-check-grid {cfg.es_check_grid!r}: give positive σ:α pairs separated by commas")
+    return pairs
+
+
+def wanted(cfg, piece):
+    return not cfg.only or piece in cfg.only.split(",")
+
+
+def task_flags(cfg):
+    return ["--numbers", *cfg.numbers, "--high", cfg.high]
+
+
+def make_task(cfg, seed, numbers=None, high=None):
+    style = prompt_style_for("auto", load_config(cfg.model))
+    return get_task("arithmetic", seed=seed, prompt_style=style, numbers=list(numbers or cfg.numbers),
+                    high=cfg.high if high is None else high)
+
+
+def write_json(path, value):
+    """Write `value` to `path` whole or not at all (a kill mid-write leaves the old file or none)."""
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with written(path + ".tmp") as f:
+        json.dump(value, f, indent=1)
+    os.replace(path + ".tmp", path)
+
+
+def saved(path, compute):
+    """The JSON at `path`, computed and written first if it is missing: the unit of resumption."""
+    if not os.path.exists(path):
+        write_json(path, compute())
+    with open(path) as f:
+        return json.load(f)
+
+
+def held_out(cfg, tok, model, task, n, problems):
+    ks = sorted({k for k in (1, 4, 8, 16, 32, 64) if k <= n} | {n})
+    return evaluate(model, tok, task, task.test_problems(problems), n=n, ks=ks, seed=0, progress=True)
+
+
+def per_step(cfg, flags):
+    """Completions per training step of a run with train.py `flags` (the model's recipe applied)."""
+    _, algo = train.parse_args([str(f) for f in flags + ["--model", cfg.model]])[:2]
+    return algo.population * algo.prompts_per_step if flags[1] == "es" else algo.prompts * algo.group_size
+
+
+def train_to_budget(cfg, run_dir, flags, tokens, mean_length):
+    """Train the run at `run_dir` until it has generated `tokens` training tokens (within half a step), resuming
+    what is there; returns {steps, tokens, seconds}. As in bench/reproduce.py, the run first goes to 90% of the
+    steps estimated from `mean_length` (the start model's mean completion length), then as far as the tokens per
+    step of those steps say. Its lengths and evaluation points depend on nothing else, so a stop changes none."""
+    done = os.path.join(run_dir, "budget.json")
+    if os.path.exists(done):
+        with open(done) as f:
+            return json.load(f)
+    out, name = os.path.split(run_dir)
+    estimate = max(1, round(tokens / (per_step(cfg, flags) * mean_length)))
+    base = [*flags, "--model", cfg.model, "--out", out, "--run-name", name, "--save-every", 5, "--keep-checkpoints", 1,
+            "--eval-every", max(1, estimate // cfg.evals_per_run), "--eval-problems", cfg.eval_problems,
+            "--eval-samples", cfg.eval_samples, "--final-samples", cfg.eval_samples, "--resume"]
+    first = max(1, int(0.9 * estimate))
+    for piece in (1, 2):
+        rows = read_log(run_dir) if os.path.exists(os.path.join(run_dir, "log.jsonl")) else []
+        # Sized from the tokens of the first piece's steps alone, so that a stop anywhere gives the same length.
+        steps = first if piece == 1 else max(first, round(tokens * first / rows[first - 1]["tokens"]))
+        if not rows or rows[-1]["step"] < steps:
+            train.main([str(f) for f in base + ["--steps", steps]])
+    rows = read_log(run_dir)
+    # The log's "seconds" restart at 0 with each resumed piece: the run's wall time is the sum of the pieces'.
+    seconds = sum(a["seconds"] for a, b in zip(rows, rows[1:] + [None]) if b is None or b["seconds"] < a["seconds"])
+    result = {"steps": rows[-1]["step"], "tokens": rows[-1]["tokens"], "seconds": seconds}
+    write_json(done, result)
+    return result
+
+
+def is_trained(run_dir):
+    return os.path.exists(os.path.join(run_dir, "budget.json"))
+
+
+def es_check_runs(cfg):
+    """{name: train.py flags} of the ES check (module docstring, 2): all seed 0."""
+    es = ["--algo", "es", "--prompts-per-step", cfg.es_prompts, *task_flags(cfg)]
+    runs = {"es-inplace": es + ["--mode", "inplace"], "es-lowrank-r1": es + ["--mode", "lowrank", "--rank", 1],
+            f"es-lowrank-r{cfg.es_check_rank}": es + ["--mode", "lowrank", "--rank", cfg.es_check_rank]}
+    runs.update({f"es-sigma{s:g}-alpha{a:g}": es + ["--mode", "lowrank", "--sigma", s, "--alpha", a]
+                 for s, a in grid(cfg)})
+    return runs
+
+
+def seeded_runs(cfg):
+    """{name: (method, seed, run directory)} of the seeded runs (module docstring, 3)."""
+    runs = {}
+    for seed in range(cfg.seeds):
+        for method in METHODS:
+            name = f"{method}-seed{seed}"
+            run_dir = os.path.join(cfg.out, "runs", name)
+            if method == "es" and seed == 0:
+                run_dir = os.path.join(cfg.out, "es-check", f"es-{cfg.es_mode}" + ("-r1" if cfg.es_mode == "lowrank"
+                                                                                  else ""))
+            runs[name] = (method, seed, run_dir)
+    return runs
+
+
+def method_flags(cfg, method, seed):
+    flags = {"es": ["--algo", "es", "--prompts-per-step", cfg.es_prompts, "--mode", cfg.es_mode],
+             "grpo": ["--algo", "grpo"], "c3po": ["--algo", "c3po"]}[method]
+    return flags + task_flags(cfg) + ["--seed", seed]
+
+
+def main(argv=None):
+    cfg = parse_args(argv)
+    set_up_process(default_device())
+    began = time.time()
+    tok = load_tokenizer(cfg.model)
+    evals = os.path.join(cfg.out, "evals")
+    # Every piece waits for the start model's evaluation on seed 0's split: its mean length sizes the runs.
+    mean_length = saved(os.path.join(evals, "start-seed0.json"), lambda: held_out(
+        cfg, tok, load_model(cfg.model), make_task(cfg, 0), cfg.samples, cfg.problems))["mean_length"]
+    if wanted(cfg, "es-check"):
+        for name, flags in es_check_runs(cfg).items():
+            short = name.startswith("es-sigma")
+            train_to_budget(cfg, os.path.join(cfg.out, "es-check", name), flags + ["--seed", 0],
+                            cfg.tokens // 3 if short else cfg.tokens, mean_length)
+    for name, (method, seed, run_dir) in seeded_runs(cfg).items():
+        if wanted(cfg, method):
+            train_to_budget(cfg, run_dir, method_flags(cfg, method, seed), cfg.tokens, mean_length)
+    if wanted(cfg, "evals"):
+        for seed in range(1, cfg.seeds):
+            saved(os.path.join(evals, f"start-seed{seed}.json"), lambda: held_out(
+                cfg, tok, load_model(cfg.model), make_task(cfg, seed), cfg.samples, cfg.problems))
+        trained = {name: run for name, run in seeded_runs(cfg).items() if is_trained(run[2])}
+        for name, (method, seed, run_dir) in trained.items():
+            final = checkpoint.latest(run_dir)
+            saved(os.path.join(evals, f"{name}.json"), lambda: held_out(
+                cfg, tok, load_weights(final), make_task(cfg, seed), cfg.samples, cfg.problems))
+        for name, run_dir in [("start", cfg.model)] + [(n, r) for n, (_, _, r) in trained.items()]:
+            path = run_dir if name == "start" else checkpoint.latest(run_dir)
+            saved(os.path.join(evals, f"{name}-transfer.json"), lambda: held_out(
+                cfg, tok, load_weights(path), make_task(cfg, 0, [cfg.transfer_numbers], 99), cfg.transfer_samples,
+                cfg.problems))
+    if wanted(cfg, "sparsity"):
+        theta0 = weights(load_weights(cfg.model))
+        for name, (method, seed, run_dir) in seeded_runs(cfg).items():
+            if seed == 0 and method in ("es", "grpo") and is_trained(run_dir):
+                theta = weights(load_weights(checkpoint.latest(run_dir)))
+                for keep in KEEP_FRACTIONS[1:-1]:
+                    saved(os.path.join(evals, f"{name}-keep{keep:g}.json"), lambda: held_out(
+                        cfg, tok, load_weights(cfg.model, sparsified(theta0, theta, keep)), make_task(cfg, seed),
+                        cfg.sparsity_samples, cfg.problems))
+    from bench import smollm2_report  # the report reads only the files written above
+    if smollm2_report.complete(cfg):
+        smollm2_report.write(cfg, asdict(cfg), time.time() - began)
+
+
+if __name__ == "__main__":
+    run_script(main)

@@ -1,0 +1,173 @@
+"""results.json, results.md and the plots of bench/smollm2.py, from the files its pieces leave (evals/*.json and the
+runs' logs); matplotlib is optional, as for bench/report.py.
+
+Intervals: "± s" is the sample standard deviation over seeds; "[± h]" the mean over seeds of each evaluation's 95%
+interval over problems (evaluate.py's ci95_pass@1). A difference smaller than either is not settled."""
+import json
+import os
+
+import numpy as np
+
+from bench.reproduce import KEEP_FRACTIONS, read_log, rescue
+from bench.smollm2 import METHODS, es_check_runs, seeded_runs, write_json
+from minies.runtime.checkpoint import written
+from train import HELDOUT_LOGGED
+
+LABELS = {"start": "start model", "es": "ES", "grpo": "GRPO", "c3po": "C3PO"}
+METRICS = ("pass@1", "pass@4", "pass@16", "pass@64", "greedy_accuracy", "entropy", "malformed_rate", "sampling_only")
+
+
+def load(path):
+    with open(path) as f:
+        return json.load(f)
+
+
+def eval_path(cfg, name):
+    return os.path.join(cfg.out, "evals", f"{name}.json")
+
+
+def complete(cfg):
+    """Whether every piece's file is there (the report is written only then)."""
+    names = [f"start-seed{s}" for s in range(cfg.seeds)] + list(seeded_runs(cfg)) + ["start-transfer"]
+    names += [f"{n}-transfer" for n in seeded_runs(cfg)]
+    names += [f"{m}-seed0-keep{k:g}" for m in ("es", "grpo") for k in KEEP_FRACTIONS[1:-1]]
+    checks = [os.path.join(cfg.out, "es-check", n, "budget.json") for n in es_check_runs(cfg)]
+    return all(os.path.exists(p) for p in [eval_path(cfg, n) for n in names] + checks)
+
+
+def stats(values):
+    values = [v for v in values if v is not None]
+    return {"mean": float(np.mean(values)), "std": float(np.std(values, ddof=1)) if len(values) > 1 else 0.0,
+            "n": len(values)} if values else None
+
+
+def curve(run_dir, key="heldout_pass@1"):
+    """[(tokens, seconds, value)] of a run's evaluations during training (train.py's log, key `key`), with its
+    before and after evaluations at the ends; seconds summed over the run's resumed pieces."""
+    rows, summary = read_log(run_dir), load(os.path.join(run_dir, "summary.json"))
+    metric = HELDOUT_LOGGED[key]
+    offset, last, points = 0.0, 0.0, [(0, 0.0, summary["before"][metric])]
+    for row in rows:
+        if row["seconds"] < last:
+            offset += last
+        last = row["seconds"]
+        if key in row:
+            points.append((row["tokens"], offset + row["seconds"], row[key]))
+    return points + [(rows[-1]["tokens"], offset + last, summary["after"][metric])]
+
+
+def es_check(cfg):
+    """Each ES check run: its settings, s/step, tokens and held-out pass@1 (train.py's evaluations) at its end, and
+    for the full-budget runs pass@1 read off each curve at the wall time the fastest of them took."""
+    rows = {}
+    for name in es_check_runs(cfg):
+        run_dir = os.path.join(cfg.out, "es-check", name)
+        budget, config = load(os.path.join(run_dir, "budget.json")), load(os.path.join(run_dir, "config.json"))
+        after = load(os.path.join(run_dir, "summary.json"))["after"]
+        rows[name] = {"mode": config["es"]["mode"], "rank": config["es"]["rank"], "sigma": config["es"]["sigma"],
+                      "alpha": config["es"]["alpha"], **budget, "seconds_per_step": budget["seconds"] / budget["steps"],
+                      "pass@1": after["pass@1"], "ci95_pass@1": after["ci95_pass@1"], "curve": curve(run_dir)}
+    full = [r for n, r in rows.items() if not n.startswith("es-sigma")]
+    shortest = min(r["seconds"] for r in full)
+    for r in full:
+        tokens, seconds, values = zip(*r["curve"])
+        r["pass@1_at_equal_time"] = float(np.interp(shortest, seconds, values))
+    return {"rows": rows, "equal_time_seconds": shortest}
+
+
+def summarize(cfg):
+    runs = seeded_runs(cfg)
+    finals = {"start": [load(eval_path(cfg, f"start-seed{s}")) for s in range(cfg.seeds)]}
+    for name, (method, seed, _) in runs.items():
+        finals.setdefault(method, []).append(load(eval_path(cfg, name)))
+    table = {m: {k: stats([e.get(k) for e in evs]) for k in METRICS + ("ci95_pass@1", "mean_length")}
+             for m, evs in finals.items()}
+    transfer = {"start": load(eval_path(cfg, "start-transfer"))}
+    for method in METHODS:
+        transfer[method] = {k: stats([load(eval_path(cfg, f"{method}-seed{s}-transfer")).get(k)
+                                      for s in range(cfg.seeds)]) for k in ("pass@1", "greedy_accuracy")}
+    sparsity = {m: {f"{k:g}": load(eval_path(cfg, f"{m}-seed0-keep{k:g}"))["pass@1"] for k in KEEP_FRACTIONS[1:-1]}
+                for m in ("es", "grpo")}
+    logs = {name: read_log(run_dir) for name, (_, _, run_dir) in runs.items()}
+    training = {name: {"tokens": logs[name][-1]["tokens"], "steps": logs[name][-1]["step"],
+                       "seconds": load(os.path.join(run_dir, "budget.json"))["seconds"],
+                       "entropy": curve(run_dir, "heldout_entropy"), "pass@1": curve(run_dir)}
+                for name, (_, _, run_dir) in runs.items()}
+    groups = {name: {"groups_solved": [r["groups_solved"] for r in rows if "groups_solved" in r]}
+              for name, rows in logs.items()}
+    rescued = {f"seed{s}": rescue(groups[f"c3po-seed{s}"], groups[f"grpo-seed{s}"]) for s in range(cfg.seeds)}
+    diversity = {name: float(np.mean([r["js_diversity"] for r in rows if "js_diversity" in r]))
+                 for name, rows in logs.items() if name.startswith("es-")}
+    return {"finals": finals, "table": table, "transfer": transfer, "sparsity": sparsity, "training": training,
+            "rescue": rescued, "es_js_diversity": diversity, "es_check": es_check(cfg)}
+
+
+def fmt(stat, scale=100, digits=1):
+    return "—" if stat is None else f"{stat['mean'] * scale:.{digits}f} ± {stat['std'] * scale:.{digits}f}"
+
+
+def markdown(cfg, results):
+    t, lines = results["table"], [f"# The papers' claims on `{cfg['model']}`", "",
+                                  f"Sums of {' or '.join(map(str, cfg['numbers']))} numbers in 0..{cfg['high']}; "
+                                  f"{cfg['tokens']} generated training tokens per run, seeds 0..{cfg['seeds'] - 1}; "
+                                  f"{cfg['problems']} held-out problems × {cfg['samples']} samples per model. Mean ± "
+                                  "std over seeds [mean 95% interval over problems], in %.", ""]
+    lines += ["| model | pass@1 | pass@4 | pass@16 | pass@64 | greedy | entropy | malformed | solved only by "
+              "sampling |", "|---|" + "---:|" * 8]
+    for m in ("start", *METHODS):
+        row = t[m]
+        lines.append(f"| {LABELS[m]} | {fmt(row['pass@1'])} [± {row['ci95_pass@1']['mean'] * 100:.1f}] | "
+                     + " | ".join(fmt(row[k]) for k in ("pass@4", "pass@16", "pass@64", "greedy_accuracy")) + " | "
+                     + fmt(row["entropy"], 1, 3) + " | " + fmt(row["malformed_rate"]) + " | "
+                     + fmt(row["sampling_only"]) + " |")
+    lines += ["", "| run | steps | tokens | wall (min) | held-out entropy start → end |", "|---|---:|---:|---:|---|"]
+    for name, r in results["training"].items():
+        lines.append(f"| {name} | {r['steps']} | {r['tokens']} | {r['seconds'] / 60:.1f} | "
+                     f"{r['entropy'][0][2]:.3f} → {r['entropy'][-1][2]:.3f} |")
+    check = results["es_check"]
+    lines += ["", f"ES check (seed 0; pass@1 at equal wall time: read at {check['equal_time_seconds'] / 60:.1f} min)", "",
+              "| run | mode | rank | σ | α | steps | tokens | s/step | pass@1 | pass@1 at equal time |",
+              "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for name, r in check["rows"].items():
+        equal = f"{r['pass@1_at_equal_time'] * 100:.1f}" if "pass@1_at_equal_time" in r else "—"
+        lines.append(f"| {name} | {r['mode']} | {r['rank']} | {r['sigma']:g} | {r['alpha']:g} | {r['steps']} | "
+                     f"{r['tokens']} | {r['seconds_per_step']:.1f} | {r['pass@1'] * 100:.1f} ± "
+                     f"{r['ci95_pass@1'] * 100:.1f} | {equal} |")
+    return "\n".join(lines) + "\n"
+
+
+def plot(results, out):
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("note: matplotlib is not installed; plots skipped (pip install matplotlib)")
+        return
+    fig, ax = plt.subplots(figsize=(5, 4))
+    for method, evs in results["finals"].items():
+        ks = sorted(int(k[5:]) for k in evs[0] if k.startswith("pass@"))
+        ax.plot(ks, [np.mean([e[f"pass@{k}"] for e in evs]) * 100 for k in ks], marker="o", label=LABELS[method])
+    ax.set(xscale="log", xlabel="k", ylabel="pass@k (%)")
+    ax.legend()
+    fig.savefig(os.path.join(out, "pass_at_k.png"), dpi=120, bbox_inches="tight")
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4))
+    for name, r in results["training"].items():
+        color = {"es": "tab:green", "grpo": "tab:red", "c3po": "tab:blue"}[name.split("-")[0]]
+        for ax, key in zip(axes, ("pass@1", "entropy")):
+            tokens, _, values = zip(*r[key])
+            ax.plot(tokens, values, color=color, alpha=0.7, label=name if name.endswith("seed0") else None)
+    axes[0].set(xlabel="generated training tokens", ylabel="held-out pass@1")
+    axes[1].set(xlabel="generated training tokens", ylabel="held-out entropy (nats)")
+    axes[0].legend()
+    fig.savefig(os.path.join(out, "curves.png"), dpi=120, bbox_inches="tight")
+
+
+def write(cfg, config, seconds):
+    results = {"config": config, **summarize(cfg), "seconds_this_invocation": seconds,
+               "threads": os.environ.get("OMP_NUM_THREADS")}
+    write_json(os.path.join(cfg.out, "results.json"), results)
+    with written(os.path.join(cfg.out, "results.md")) as f:
+        f.write(markdown(config, results))
+    plot(results, cfg.out)
+    print(f"wrote {cfg.out}/results.json, results.md and plots")
