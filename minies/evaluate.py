@@ -5,13 +5,16 @@ entropy, mean completion length, and for tasks with several correct solutions pe
 distinct ones the n samples found per solved problem ("distinct_correct") and which share of all of them
 ("solution_coverage"). "sampling_only" is the share of problems that greedy decoding gets wrong but at least one of
 the n samples gets right: the problems a policy that sharpens towards its greedy answer can stop solving, where a
-fall in pass@k at large k shows first. "ci95_pass@1" is the half-width of pass@1's 95% interval over problems: 1.96 standard errors
+fall in pass@k at large k shows first. "answer_diversity" is the verifier-projected Jensen-Shannon diversity of the
+n samples, each taken as a member (minies/analysis.py; 0: every sample of a problem answers alike, 1: all differ):
+the diversity of a policy's samples, on the scale of ES's population diversity. "ci95_pass@1" is the half-width of pass@1's 95% interval over problems: 1.96 standard errors
 of the mean of the problems' own pass@1 (a run that moves pass@1 by less than the two intervals' overlap may not
 have moved it at all)."""
 import numpy as np
 import torch
 from tqdm import tqdm
 
+from minies.analysis import answer_outcome, js_diversity
 from minies.metrics import masked_mean, mean_pass_at_k
 from minies.rollout import completion_logprobs, generate
 
@@ -27,6 +30,7 @@ def evaluate(model, tokenizer, task, problems, n=16, ks=(1, 16), temperature=1.0
         correct = np.zeros(len(problems), dtype=int)
         malformed, format_credit, truncated, entropy, length = [], [], [], [], []
         found = [set() for _ in problems]  # the distinct correct solutions sampled for each problem
+        outcomes = [[] for _ in range(n)]  # outcomes[m][i]: what the verifier read in problem i's m-th sample
         # One block of problems at a time, so the bar moves and memory stays bounded.
         block = max(1, micro_batch // n)
         starts = range(0, len(problems), block)
@@ -40,6 +44,7 @@ def evaluate(model, tokenizer, task, problems, n=16, ks=(1, 16), temperature=1.0
             for i, sc in enumerate(scores):
                 if sc.correct:
                     found[s + i // n].add(sc.solution)
+                outcomes[i % n].append([answer_outcome(sc)])
             malformed += [sc.malformed for sc in scores]
             format_credit += [sc.format for sc in scores]
             truncated += r.truncated.tolist()
@@ -57,6 +62,8 @@ def evaluate(model, tokenizer, task, problems, n=16, ks=(1, 16), temperature=1.0
         result["truncated_rate"] = float(np.mean(truncated))
         result["entropy"] = sum(entropy) / max(sum(length), 1)
         result["mean_length"] = sum(length) / (len(problems) * n)
+        if n > 1:
+            result["answer_diversity"] = js_diversity(outcomes)
         result.update(solution_metrics(task, problems, found))
     if greedy:
         right = greedy_correct(model, tokenizer, task, problems, micro_batch, chat_template, compile_decoding)
