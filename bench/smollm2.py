@@ -21,6 +21,10 @@ The pieces, in order:
 4. Every final model on its seed's held-out split, as the start model (evals/<run>.json), and on --transfer-numbers
    sums (evals/<run>-transfer.json): does a trained model keep a skill it was not trained on?
 5. Functional sparsity: seed 0's ES and GRPO models with only the largest x% of |θ − θ0| applied.
+6. Sequential training: GRPO for half the budget, then ES for the other half from GRPO's model (seed 0).
+7. The calibration: the start model at --calibration-levels, as at the chosen level (1).
+8. Temperature against weight noise (bench/weight_noise.py): the start model's accuracy and answer diversity at
+   --temperatures and at --noise-scales.
 Then results.json, results.md and the plots are written from the files (bench/smollm2_report.py).
 """
 import argparse
@@ -30,13 +34,14 @@ import time
 from dataclasses import asdict, dataclass
 
 import train
+from bench import weight_noise
 from bench.reproduce import KEEP_FRACTIONS, load_weights, read_log, weights
 from minies import ArgumentParser, UserError, run_script
 from minies.analysis import sparsified
 from minies.config import add_arguments, from_args, option
 from minies.evaluate import evaluate
 from minies.models import default_device, load_config, load_model, load_tokenizer
-from minies.recipes import prompt_style_for
+from minies.recipes import own_recipe, prompt_style_for
 from minies.runtime import checkpoint, set_up_process
 from minies.runtime.checkpoint import written
 from minies.tasks import get_task
@@ -69,14 +74,23 @@ class SmolConfig:
                                    "evaluated on", check="positive")
     transfer_samples: int = option(8, "samples per problem on the other task level", check="positive")
     sparsity_samples: int = option(8, "samples per problem of the sparsified models", check="positive")
+    calibration_levels: list = option(("2:99", "2,3:20", "3:20"), "other task levels the start model is evaluated "
+                                      "at, as the chosen one (numbers per sum, comma-separated : the largest number)",
+                                      nargs="+")
+    temperatures: list = option((0.6, 0.8, 1.0, 1.2, 1.4, 1.6), "sampling temperatures of the temperature against "
+                                "weight noise comparison (bench/weight_noise.py)", nargs="+", type=float)
+    noise_scales: list = option((0.002, 0.004, 0.008, 0.016), "weight noise scales s of that comparison", nargs="+",
+                                type=float)
+    noise_samples: int = option(16, "answers per problem at each temperature and each noise scale", check="positive")
     only: str = option("", "comma-separated pieces this process does besides the start model's evaluation on "
-                       "seed 0 (es-check, es, grpo, c3po, evals, sparsity); '' for all")
+                       "seed 0 (calibration, es-check, es, grpo, c3po, sequential, evals, sparsity, noise); '' for all")
     quick: bool = option(False, "every piece at toy size on the shipped model (changes the defaults above)")
 
 
 QUICK = {"model": "minies/assets/tiny", "seeds": 2, "tokens": 1500, "es_prompts": 2, "problems": 8, "samples": 4,
          "eval_problems": 8, "eval_samples": 2, "evals_per_run": 2, "transfer_samples": 2, "sparsity_samples": 2,
-         "es_check_grid": "0.003:0.002", "high": 20}
+         "es_check_grid": "0.003:0.002", "high": 20, "calibration_levels": ["2:40"], "temperatures": [0.6, 1.6],
+         "noise_scales": [0.01], "noise_samples": 2}
 
 
 def parse_args(argv):
@@ -87,8 +101,22 @@ def parse_args(argv):
     if pre.parse_known_args(argv)[0].quick:
         parser.set_defaults(**QUICK)
     cfg = from_args(SmolConfig, parser.parse_args(argv))
-    grid(cfg)  # a malformed --es-check-grid fails here, before anything runs
+    grid(cfg), levels(cfg)  # a malformed --es-check-grid or level fails here, before anything runs
     return cfg
+
+
+def levels(cfg):
+    """{name: (numbers, high)} of --calibration-levels."""
+    try:
+        parsed = {}
+        for level in cfg.calibration_levels:
+            numbers, high = level.split(":")
+            parsed[f"calibration-{level.replace(':', '-').replace(',', '+')}"] = ([int(x) for x in numbers.split(",")],
+                                                                                  int(high))
+        return parsed
+    except ValueError:
+        raise UserError(f"--calibration-levels {' '.join(cfg.calibration_levels)}: give levels as NUMBERS:HIGH, e.g. "
+                        "2:99 or 2,3:20") from None
 
 
 def grid(cfg):
@@ -143,18 +171,19 @@ def per_step(cfg, flags):
     return algo.population * algo.prompts_per_step if flags[1] == "es" else algo.prompts * algo.group_size
 
 
-def train_to_budget(cfg, run_dir, flags, tokens, mean_length):
+def train_to_budget(cfg, run_dir, flags, tokens, mean_length, model=None):
     """Train the run at `run_dir` until it has generated `tokens` training tokens (within half a step), resuming
     what is there; returns {steps, tokens, seconds}. As in bench/reproduce.py, the run first goes to 90% of the
     steps estimated from `mean_length` (the start model's mean completion length), then as far as the tokens per
-    step of those steps say. Its lengths and evaluation points depend on nothing else, so a stop changes none."""
+    step of those steps say. Its lengths and evaluation points depend on nothing else, so a stop changes none.
+    `model`: where it starts, if not at the start model."""
     done = os.path.join(run_dir, "budget.json")
     if os.path.exists(done):
         with open(done) as f:
             return json.load(f)
     out, name = os.path.split(run_dir)
     estimate = max(1, round(tokens / (per_step(cfg, flags) * mean_length)))
-    base = [*flags, "--model", cfg.model, "--out", out, "--run-name", name, "--save-every", 5, "--keep-checkpoints", 1,
+    base = [*flags, "--model", model or cfg.model, "--out", out, "--run-name", name, "--save-every", 5, "--keep-checkpoints", 1,
             "--eval-every", max(1, estimate // cfg.evals_per_run), "--eval-problems", cfg.eval_problems,
             "--eval-samples", cfg.eval_samples, "--final-samples", cfg.eval_samples, "--resume"]
     first = max(1, int(0.9 * estimate))
@@ -223,6 +252,28 @@ def main(argv=None):
     for name, (method, seed, run_dir) in seeded_runs(cfg).items():
         if wanted(cfg, method):
             train_to_budget(cfg, run_dir, method_flags(cfg, method, seed), cfg.tokens, mean_length)
+    if wanted(cfg, "sequential"):  # GRPO, then ES from GRPO's final model, half the budget each (seed 0)
+        first = os.path.join(cfg.out, "runs", "grpo-es-seed0", "1-grpo")
+        train_to_budget(cfg, first, method_flags(cfg, "grpo", 0), cfg.tokens // 2, mean_length)
+        second = os.path.join(cfg.out, "runs", "grpo-es-seed0", "2-es")
+        # A checkpoint names no recipe of its own: the start model's is given by name.
+        train_to_budget(cfg, second, method_flags(cfg, "es", 0) + ["--recipe", own_recipe(cfg.model)],
+                        cfg.tokens - cfg.tokens // 2, mean_length, model=checkpoint.latest(first))
+        saved(os.path.join(evals, "grpo-es-seed0.json"), lambda: held_out(
+            cfg, tok, load_weights(checkpoint.latest(second)), make_task(cfg, 0), cfg.samples, cfg.problems))
+    if wanted(cfg, "calibration"):
+        for name, (numbers, high) in levels(cfg).items():
+            saved(os.path.join(evals, f"{name}.json"), lambda: held_out(
+                cfg, tok, load_model(cfg.model), make_task(cfg, 0, numbers, high), cfg.samples, cfg.problems))
+    if wanted(cfg, "noise"):
+        model, task = load_model(cfg.model), make_task(cfg, 0)
+        problems = task.test_problems(cfg.problems)
+        for t in cfg.temperatures:
+            saved(os.path.join(evals, f"noise-T{t:g}.json"), lambda: weight_noise.temperature(
+                model, tok, task, problems, t, cfg.noise_samples))
+        for scale in cfg.noise_scales:
+            saved(os.path.join(evals, f"noise-s{scale:g}.json"), lambda: weight_noise.weight_noise(
+                model, tok, task, problems, scale, cfg.noise_samples))
     if wanted(cfg, "evals"):
         for seed in range(1, cfg.seeds):
             saved(os.path.join(evals, f"start-seed{seed}.json"), lambda: held_out(

@@ -9,12 +9,13 @@ import os
 import numpy as np
 
 from bench.reproduce import KEEP_FRACTIONS, read_log, rescue
-from bench.smollm2 import METHODS, es_check_runs, seeded_runs, write_json
+from bench.smollm2 import METHODS, es_check_runs, levels, seeded_runs, write_json
 from minies.runtime.checkpoint import written
 from train import HELDOUT_LOGGED
 
 LABELS = {"start": "start model", "es": "ES", "grpo": "GRPO", "c3po": "C3PO"}
-METRICS = ("pass@1", "pass@4", "pass@16", "pass@64", "greedy_accuracy", "entropy", "malformed_rate", "sampling_only")
+METRICS = ("pass@1", "pass@4", "pass@16", "pass@64", "greedy_accuracy", "entropy", "malformed_rate", "sampling_only",
+           "answer_diversity")
 
 
 def load(path):
@@ -31,6 +32,8 @@ def complete(cfg):
     names = [f"start-seed{s}" for s in range(cfg.seeds)] + list(seeded_runs(cfg)) + ["start-transfer"]
     names += [f"{n}-transfer" for n in seeded_runs(cfg)]
     names += [f"{m}-seed0-keep{k:g}" for m in ("es", "grpo") for k in KEEP_FRACTIONS[1:-1]]
+    names += list(levels(cfg)) + ["grpo-es-seed0"] + [f"noise-T{t:g}" for t in cfg.temperatures]
+    names += [f"noise-s{s:g}" for s in cfg.noise_scales]
     checks = [os.path.join(cfg.out, "es-check", n, "budget.json") for n in es_check_runs(cfg)]
     return all(os.path.exists(p) for p in [eval_path(cfg, n) for n in names] + checks)
 
@@ -98,28 +101,36 @@ def summarize(cfg):
     rescued = {f"seed{s}": rescue(groups[f"c3po-seed{s}"], groups[f"grpo-seed{s}"]) for s in range(cfg.seeds)}
     diversity = {name: float(np.mean([r["js_diversity"] for r in rows if "js_diversity" in r]))
                  for name, rows in logs.items() if name.startswith("es-")}
+    calibration = {"chosen": finals["start"][0], **{name: load(eval_path(cfg, name)) for name in levels(cfg)}}
+    noise = {"temperature": [load(eval_path(cfg, f"noise-T{t:g}")) for t in cfg.temperatures],
+             "weights": [load(eval_path(cfg, f"noise-s{s:g}")) for s in cfg.noise_scales]}
     return {"finals": finals, "table": table, "transfer": transfer, "sparsity": sparsity, "training": training,
-            "rescue": rescued, "es_js_diversity": diversity, "es_check": es_check(cfg)}
+            "rescue": rescued, "es_js_diversity": diversity, "es_check": es_check(cfg), "calibration": calibration,
+            "sequential": load(eval_path(cfg, "grpo-es-seed0")), "noise": noise}
 
 
 def fmt(stat, scale=100, digits=1):
     return "—" if stat is None else f"{stat['mean'] * scale:.{digits}f} ± {stat['std'] * scale:.{digits}f}"
 
 
+def pct(x):
+    return f"{x * 100:.1f}"
+
+
 def markdown(cfg, results):
-    t, lines = results["table"], [f"# The papers' claims on `{cfg['model']}`", "",
-                                  f"Sums of {' or '.join(map(str, cfg['numbers']))} numbers in 0..{cfg['high']}; "
-                                  f"{cfg['tokens']} generated training tokens per run, seeds 0..{cfg['seeds'] - 1}; "
-                                  f"{cfg['problems']} held-out problems × {cfg['samples']} samples per model. Mean ± "
-                                  "std over seeds [mean 95% interval over problems], in %.", ""]
-    lines += ["| model | pass@1 | pass@4 | pass@16 | pass@64 | greedy | entropy | malformed | solved only by "
-              "sampling |", "|---|" + "---:|" * 8]
+    t = results["table"]
+    lines = [f"# The papers' claims on `{cfg['model']}`", "",
+             f"Sums of {' or '.join(map(str, cfg['numbers']))} numbers in 0..{cfg['high']}; {cfg['tokens']} generated "
+             f"training tokens per run, seeds 0..{cfg['seeds'] - 1}; {cfg['problems']} held-out problems × "
+             f"{cfg['samples']} samples per model. Mean ± std over seeds [mean 95% interval over problems], in %.", "",
+             "| model | pass@1 | pass@4 | pass@16 | pass@64 | greedy | entropy | malformed | solved only by sampling | "
+             "answer diversity |", "|---|" + "---:|" * 9]
     for m in ("start", *METHODS):
         row = t[m]
         lines.append(f"| {LABELS[m]} | {fmt(row['pass@1'])} [± {row['ci95_pass@1']['mean'] * 100:.1f}] | "
                      + " | ".join(fmt(row[k]) for k in ("pass@4", "pass@16", "pass@64", "greedy_accuracy")) + " | "
                      + fmt(row["entropy"], 1, 3) + " | " + fmt(row["malformed_rate"]) + " | "
-                     + fmt(row["sampling_only"]) + " |")
+                     + fmt(row["sampling_only"]) + " | " + fmt(row["answer_diversity"], 1, 3) + " |")
     lines += ["", "| run | steps | tokens | wall (min) | held-out entropy start → end |", "|---|---:|---:|---:|---|"]
     for name, r in results["training"].items():
         lines.append(f"| {name} | {r['steps']} | {r['tokens']} | {r['seconds'] / 60:.1f} | "
@@ -129,10 +140,40 @@ def markdown(cfg, results):
               "| run | mode | rank | σ | α | steps | tokens | s/step | pass@1 | pass@1 at equal time |",
               "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for name, r in check["rows"].items():
-        equal = f"{r['pass@1_at_equal_time'] * 100:.1f}" if "pass@1_at_equal_time" in r else "—"
+        equal = pct(r["pass@1_at_equal_time"]) if "pass@1_at_equal_time" in r else "—"
         lines.append(f"| {name} | {r['mode']} | {r['rank']} | {r['sigma']:g} | {r['alpha']:g} | {r['steps']} | "
-                     f"{r['tokens']} | {r['seconds_per_step']:.1f} | {r['pass@1'] * 100:.1f} ± "
-                     f"{r['ci95_pass@1'] * 100:.1f} | {equal} |")
+                     f"{r['tokens']} | {r['seconds_per_step']:.1f} | {pct(r['pass@1'])} ± {pct(r['ci95_pass@1'])} | "
+                     f"{equal} |")
+    lines += ["", "Calibration (the start model, seed 0's split)", "",
+              "| level | pass@1 | pass@8 | pass@64 | greedy | malformed | solved only by sampling |",
+              "|---|---:|---:|---:|---:|---:|---:|"]
+    for name, e in results["calibration"].items():
+        lines.append(f"| {name} | " + " | ".join(pct(e.get(k, float("nan"))) for k in (
+            "pass@1", "pass@8", f"pass@{cfg['samples']}", "greedy_accuracy", "malformed_rate", "sampling_only")) + " |")
+    seq, grpo, es = results["sequential"], results["finals"]["grpo"][0], results["finals"]["es"][0]
+    lines += ["", "Seed 0 at the same total budget: GRPO → ES against either alone", "",
+              "| run | pass@1 | pass@16 | pass@64 | greedy |", "|---|---:|---:|---:|---:|"]
+    for name, e in (("GRPO", grpo), ("ES", es), ("GRPO → ES", seq)):
+        lines.append(f"| {name} | " + " | ".join(pct(e.get(k, float("nan"))) for k in (
+            "pass@1", "pass@16", f"pass@{cfg['samples']}", "greedy_accuracy")) + " |")
+    tr = results["transfer"]
+    lines += ["", f"Another task level ({cfg['transfer_numbers']} numbers in 0..99), pass@1 / greedy", "",
+              f"start model {pct(tr['start']['pass@1'])} / {pct(tr['start']['greedy_accuracy'])}; "
+              + "; ".join(f"{LABELS[m]} {fmt(tr[m]['pass@1'])} / {fmt(tr[m]['greedy_accuracy'])}" for m in METHODS)]
+    lines += ["", "Functional sparsity (seed 0, pass@1 with only the largest x of |θ − θ0| applied)", "",
+              "; ".join(f"{LABELS[m]}: " + ", ".join(f"{k}: {pct(v)}" for k, v in keeps.items())
+                        for m, keeps in results["sparsity"].items())]
+    lines += ["", "C3PO's zero-advantage rescue against GRPO (same prompts, step by step)", "",
+              "; ".join(f"{seed}: {r['rescued']} rescued, {r['lost']} lost of {r['baseline_failed']} GRPO groups "
+                        f"that failed" for seed, r in results["rescue"].items())]
+    lines += ["", "ES's population diversity over training (mean JS diversity of the members' greedy answers): "
+              + "; ".join(f"{n} {d:.3f}" for n, d in results["es_js_diversity"].items())]
+    lines += ["", "Temperature against weight noise (the start model; pass@1 and answer diversity)", "",
+              "| setting | pass@1 | answer diversity |", "|---|---:|---:|"]
+    for e in results["noise"]["temperature"]:
+        lines.append(f"| T = {e['temperature']:g} | {pct(e['pass@1'])} | {e['answer_diversity']:.3f} |")
+    for e in results["noise"]["weights"]:
+        lines.append(f"| s = {e['scale']:g} | {pct(e['pass@1'])} | {e['answer_diversity']:.3f} |")
     return "\n".join(lines) + "\n"
 
 
@@ -161,6 +202,15 @@ def plot(results, out):
     axes[1].set(xlabel="generated training tokens", ylabel="held-out entropy (nats)")
     axes[0].legend()
     fig.savefig(os.path.join(out, "curves.png"), dpi=120, bbox_inches="tight")
+    fig, ax = plt.subplots(figsize=(5, 4))
+    for kind, key, label in (("temperature", "temperature", "temperature"), ("weights", "scale", "weight noise")):
+        points = results["noise"][kind]
+        ax.plot([p["answer_diversity"] for p in points], [p["pass@1"] * 100 for p in points], marker="o", label=label)
+        for p in points:
+            ax.annotate(f"{p[key]:g}", (p["answer_diversity"], p["pass@1"] * 100), fontsize=7)
+    ax.set(xlabel="answer diversity (JS)", ylabel="pass@1 (%)")
+    ax.legend()
+    fig.savefig(os.path.join(out, "temperature_vs_weight_noise.png"), dpi=120, bbox_inches="tight")
 
 
 def write(cfg, config, seconds):
