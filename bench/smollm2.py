@@ -41,7 +41,7 @@ from minies.analysis import sparsified
 from minies.config import add_arguments, from_args, option
 from minies.evaluate import evaluate
 from minies.models import default_device, load_config, load_model, load_tokenizer
-from minies.recipes import own_recipe, prompt_style_for
+from minies.recipes import own_recipe, prompt_style_for, recipe_defaults
 from minies.runtime import checkpoint, set_up_process
 from minies.runtime.checkpoint import written
 from minies.tasks import get_task
@@ -139,7 +139,10 @@ def task_flags(cfg):
 
 
 def make_task(cfg, seed, numbers=None, high=None):
-    style = prompt_style_for("auto", load_config(cfg.model))
+    """The task at the chosen level (or `numbers`, `high`), asked in the prompt style of the model's own recipe, as
+    train.py and eval.py ask it (a packaged model names its recipe by its name, not in its config)."""
+    style = recipe_defaults([own_recipe(cfg.model)], None, {"prompt_style"}).get("prompt_style", "auto")
+    style = prompt_style_for(style, load_config(cfg.model))
     return get_task("arithmetic", seed=seed, prompt_style=style, numbers=list(numbers or cfg.numbers),
                     high=cfg.high if high is None else high)
 
