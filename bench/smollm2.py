@@ -76,7 +76,7 @@ class SmolConfig:
     sparsity_samples: int = option(8, "samples per problem of the sparsified models", check="positive")
     calibration_levels: list = option(("2:99", "2,3:20", "3:20"), "other task levels the start model is evaluated "
                                       "at, as the chosen one (numbers per sum, comma-separated : the largest number)",
-                                      nargs="+")
+                                      nargs="+", type=str)
     temperatures: list = option((0.6, 0.8, 1.0, 1.2, 1.4, 1.6), "sampling temperatures of the temperature against "
                                 "weight noise comparison (bench/weight_noise.py)", nargs="+", type=float)
     noise_scales: list = option((0.002, 0.004, 0.008, 0.016), "weight noise scales s of that comparison", nargs="+",

@@ -1,0 +1,106 @@
+"""bench/smollm2.py --quick end to end on the shipped model (every piece at toy size), its resumption piece by
+piece, its one-line errors; the measurements it adds: the problems solved only by sampling, the answer diversity
+of a policy's samples, and weight-noise samples that leave the model exactly as it was."""
+import contextlib
+import io
+import json
+import os
+
+import pytest
+import torch
+
+from bench import smollm2, weight_noise
+from conftest import single_thread
+from minies import UserError
+from minies.evaluate import evaluate
+from minies.models import load_model, load_tokenizer
+from minies.tasks import get_task
+
+SHIPPED = "minies/assets/tiny"
+
+
+def run(out, *flags):
+    with single_thread(), contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+        smollm2.main(["--quick", "--out", str(out), *flags])
+    return json.loads((out / "results.json").read_text())
+
+
+def files(out):
+    """{path: (mtime, content)} of every piece's file."""
+    paths = [p for p in out.rglob("*.json") if p.name != "results.json" and "step-" not in str(p)]
+    return {str(p): (os.stat(p).st_mtime_ns, p.read_bytes()) for p in paths if p.name in ("budget.json",)
+            or p.parent.name == "evals"}
+
+
+@pytest.fixture(scope="module")
+def quick(tmp_path_factory):
+    out = tmp_path_factory.mktemp("smollm2")
+    return out, run(out)
+
+
+def test_every_piece_is_in_the_results(quick):
+    out, results = quick
+    assert {"table", "training", "es_check", "calibration", "sequential", "noise", "sparsity", "rescue",
+            "transfer"} <= results.keys()
+    assert set(results["table"]) == {"start", "es", "grpo", "c3po"}
+    assert set(results["es_check"]["rows"]) == {"es-inplace", "es-lowrank-r1", "es-lowrank-r8",
+                                                "es-sigma0.003-alpha0.002"}
+    assert {r["mode"] for r in results["es_check"]["rows"].values()} == {"inplace", "lowrank"}
+    assert set(results["calibration"]) == {"chosen", "calibration-2-40"}
+    assert [e["temperature"] for e in results["noise"]["temperature"]] == smollm2.QUICK["temperatures"]
+    for name, run_ in results["training"].items():  # each run within about a step of the budget
+        assert run_["tokens"] >= 0.5 * smollm2.QUICK["tokens"], name
+    for e in results["finals"]["start"]:
+        assert e["pass@4"] - e["greedy_accuracy"] <= e["sampling_only"] <= e["pass@4"]
+        assert 0 <= e["answer_diversity"] <= 1
+    markdown = (out / "results.md").read_text()
+    assert "| GRPO → ES |" in markdown and "| T = 0.6 |" in markdown and "| es-inplace | inplace |" in markdown
+
+
+def test_a_second_run_redoes_nothing_and_a_lost_piece_comes_back_the_same(quick):
+    out, results = quick
+    before = files(out)
+    again = run(out)
+    assert files(out) == before and again["table"] == results["table"]
+    lost = out / "evals" / "grpo-seed1.json"
+    content = lost.read_bytes()
+    lost.unlink()
+    (out / "runs" / "c3po-seed1" / "budget.json").unlink()  # stopped after training, before its record
+    run(out, "--only", "evals,c3po")
+    assert lost.read_bytes() == content
+    assert (out / "runs" / "c3po-seed1" / "budget.json").read_bytes() == before[
+        str(out / "runs" / "c3po-seed1" / "budget.json")][1]
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--es-check-grid", "0.001"], "--es-check-grid"),
+    (["--es-check-grid", "0.001:-1"], "--es-check-grid"),
+    (["--calibration-levels", "2-99"], "--calibration-levels"),
+    (["--calibration-levels", "x:99"], "--calibration-levels"),
+])
+def test_malformed_lists_are_refused_before_anything_runs(flags, message, tmp_path):
+    with pytest.raises(UserError, match=message):
+        smollm2.parse_args(["--out", str(tmp_path), *flags])
+    assert not any(tmp_path.iterdir())
+
+
+def test_weight_noise_leaves_the_model_exactly_as_it_was():
+    model, tok = load_model(SHIPPED), load_tokenizer(SHIPPED)
+    task = get_task("arithmetic", prompt_style="terse")
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    with single_thread():
+        result = weight_noise.weight_noise(model, tok, task, task.test_problems(6), 0.05, 3)
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+    assert 0 <= result["answer_diversity"] <= 1 and 0 <= result["pass@1"] <= 1
+
+
+def test_solved_only_by_sampling_lies_between_its_bounds():
+    model, tok = load_model(SHIPPED), load_tokenizer(SHIPPED)
+    task = get_task("arithmetic", prompt_style="terse")
+    for temperature in (0.5, 1.0):
+        with single_thread():
+            e = evaluate(model, tok, task, task.test_problems(8), n=4, ks=[1, 4], temperature=temperature)
+        # Solved by a sample and not greedily: at most every problem a sample solves, at least those less the
+        # ones greedy decoding solves.
+        assert e["pass@4"] - e["greedy_accuracy"] <= e["sampling_only"] <= e["pass@4"]
+        assert 0 <= e["answer_diversity"] <= 1
