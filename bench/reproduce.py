@@ -23,13 +23,10 @@ JS diversity over training and the final pass@k says whether diversity and cover
 <out>/results.json, <out>/results.md and PNG plots (bench/report.py); the runs themselves stay in
 <out>/runs.
 
-Equal token budget. Every run generates --tokens training tokens, as counted by train.py's log (all
-completion tokens sampled for training; evaluations excluded). Steps are whole and differ in cost per
-method (a default ES step is 32 members × prompts, a GRPO step 16 prompts × 8), so a run is trained in
-two pieces: first to 90% of the budget, with steps estimated from its rollouts per step and the start
-model's mean completion length, then resumed (train.py --resume, bit-identical to an unbroken run) for
-as many steps as the *measured* tokens per step say are left. Every run ends within about half a step
-of the budget; results.json records each run's exact count.
+Equal token budget. Every run generates --tokens training tokens (bench/budget.py: in two pieces, the second
+sized by the tokens per step the first measured; a default ES step is 32 members × prompts, a GRPO step 16
+prompts × 8). Every run ends within about half a step of the budget; results.json records each run's exact
+count.
 
 ES scores 32 prompts per step here instead of its tuned 256 (--es-prompts): one step of 32 members ×
 256 prompts generates ~45k tokens, as much as 64 GRPO steps, so at a budget that fits in an hour ES
@@ -48,6 +45,7 @@ import torch
 
 import train
 from bench import report
+from bench.budget import read_log, train_to_budget
 from minies import ArgumentParser, UserError, run_script
 from minies.runtime import checkpoint, set_up_process
 from minies.analysis import drift, rank_correlation, rescue_counts, sparsified
@@ -202,25 +200,15 @@ def print_plan(cfg, stages, total_seconds, mean_length):
     print(f"  estimated total, evaluations included: {total_seconds / 60:.0f} min", flush=True)
 
 
-def read_log(run_dir):
-    with open(os.path.join(run_dir, "log.jsonl")) as f:
-        return [json.loads(line) for line in f if line.strip()]
-
-
 def train_stage(cfg, runs_dir, stage, model):
-    """Train one stage to its token budget (module docstring) from `model`; returns its run directory."""
-    flags = method_flags(cfg)[stage.method] + ["--model", model, "--seed", stage.seed, "--out", runs_dir,
-             "--prompt-style", cfg.prompt_style, "--run-name", stage.name, "--save-every", 10**9,
+    """Train one stage to its token budget (bench/budget.py) from `model`; returns its run directory."""
+    flags = method_flags(cfg)[stage.method] + ["--model", model, "--seed", stage.seed,
+             "--prompt-style", cfg.prompt_style, "--save-every", 10**9,
              "--eval-every", max(1, stage.steps // cfg.evals_per_run),
              "--eval-problems", cfg.eval_problems, "--eval-samples", HELDOUT_SAMPLES,
              "--final-samples", HELDOUT_SAMPLES]
-    steps = max(1, int(0.9 * stage.steps))
-    train.main([str(f) for f in flags + ["--steps", steps]])
     run_dir = os.path.join(runs_dir, stage.name)
-    last = read_log(run_dir)[-1]
-    more = round((stage.tokens - last["tokens"]) / (last["tokens"] / last["step"]))
-    if more > 0:
-        train.main([str(f) for f in flags + ["--steps", steps + more, "--resume"]])
+    train_to_budget(run_dir, flags, stage.tokens, stage.steps)
     return run_dir
 
 

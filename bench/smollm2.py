@@ -35,7 +35,8 @@ from dataclasses import asdict, dataclass
 
 import train
 from bench import weight_noise
-from bench.reproduce import KEEP_FRACTIONS, load_weights, read_log, weights
+from bench.budget import is_trained, train_to_budget, write_json
+from bench.reproduce import KEEP_FRACTIONS, load_weights, weights
 from minies import ArgumentParser, UserError, run_script
 from minies.analysis import sparsified
 from minies.config import add_arguments, from_args, option
@@ -43,7 +44,6 @@ from minies.evaluate import evaluate
 from minies.models import default_device, load_config, load_model, load_tokenizer
 from minies.recipes import own_recipe, prompt_style_for, recipe_defaults
 from minies.runtime import checkpoint, set_up_process
-from minies.runtime.checkpoint import written
 from minies.tasks import get_task
 
 METHODS = ("es", "grpo", "c3po")
@@ -147,12 +147,8 @@ def make_task(cfg, seed, numbers=None, high=None):
                     high=cfg.high if high is None else high)
 
 
-def write_json(path, value):
-    """Write `value` to `path` whole or not at all (a kill mid-write leaves the old file or none)."""
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    with written(path + ".tmp") as f:
-        json.dump(value, f, indent=1)
-    os.replace(path + ".tmp", path)
+def eval_file(cfg, name):
+    return os.path.join(cfg.out, "evals", f"{name}.json")
 
 
 def saved(path, compute):
@@ -168,44 +164,20 @@ def held_out(cfg, tok, model, task, n, problems):
     return evaluate(model, tok, task, task.test_problems(problems), n=n, ks=ks, seed=0, progress=True)
 
 
+def train_run(cfg, run_dir, flags, tokens, mean_length, model=None):
+    """bench/budget.py's train_to_budget for a run of this bench, from `model` (default: the start model), its
+    steps estimated from `mean_length`, the start model's mean completion length."""
+    estimate = max(1, round(tokens / (per_step(cfg, flags) * mean_length)))
+    flags = [*flags, "--model", model or cfg.model, "--save-every", 5, "--keep-checkpoints", 1,
+             "--eval-every", max(1, estimate // cfg.evals_per_run), "--eval-problems", cfg.eval_problems,
+             "--eval-samples", cfg.eval_samples, "--final-samples", cfg.eval_samples]
+    return train_to_budget(run_dir, flags, tokens, estimate)
+
+
 def per_step(cfg, flags):
     """Completions per training step of a run with train.py `flags` (the model's recipe applied)."""
     _, algo = train.parse_args([str(f) for f in flags + ["--model", cfg.model]])[:2]
     return algo.population * algo.prompts_per_step if flags[1] == "es" else algo.prompts * algo.group_size
-
-
-def train_to_budget(cfg, run_dir, flags, tokens, mean_length, model=None):
-    """Train the run at `run_dir` until it has generated `tokens` training tokens (within half a step), resuming
-    what is there; returns {steps, tokens, seconds}. As in bench/reproduce.py, the run first goes to 90% of the
-    steps estimated from `mean_length` (the start model's mean completion length), then as far as the tokens per
-    step of those steps say. Its lengths and evaluation points depend on nothing else, so a stop changes none.
-    `model`: where it starts, if not at the start model."""
-    done = os.path.join(run_dir, "budget.json")
-    if os.path.exists(done):
-        with open(done) as f:
-            return json.load(f)
-    out, name = os.path.split(run_dir)
-    estimate = max(1, round(tokens / (per_step(cfg, flags) * mean_length)))
-    base = [*flags, "--model", model or cfg.model, "--out", out, "--run-name", name, "--save-every", 5, "--keep-checkpoints", 1,
-            "--eval-every", max(1, estimate // cfg.evals_per_run), "--eval-problems", cfg.eval_problems,
-            "--eval-samples", cfg.eval_samples, "--final-samples", cfg.eval_samples, "--resume"]
-    first = max(1, int(0.9 * estimate))
-    for piece in (1, 2):
-        rows = read_log(run_dir) if os.path.exists(os.path.join(run_dir, "log.jsonl")) else []
-        # Sized from the tokens of the first piece's steps alone, so that a stop anywhere gives the same length.
-        steps = first if piece == 1 else max(first, round(tokens * first / rows[first - 1]["tokens"]))
-        if not rows or rows[-1]["step"] < steps:
-            train.main([str(f) for f in base + ["--steps", steps]])
-    rows = read_log(run_dir)
-    # The log's "seconds" restart at 0 with each resumed piece: the run's wall time is the sum of the pieces'.
-    seconds = sum(a["seconds"] for a, b in zip(rows, rows[1:] + [None]) if b is None or b["seconds"] < a["seconds"])
-    result = {"steps": rows[-1]["step"], "tokens": rows[-1]["tokens"], "seconds": seconds}
-    write_json(done, result)
-    return result
-
-
-def is_trained(run_dir):
-    return os.path.exists(os.path.join(run_dir, "budget.json"))
 
 
 def es_check_runs(cfg):
@@ -238,68 +210,92 @@ def method_flags(cfg, method, seed):
     return flags + task_flags(cfg) + ["--seed", seed]
 
 
+def final_model(run_dir):
+    """The final model of a trained run, loaded only when a piece still needs it: a run whose evaluations are all
+    on file needs no checkpoint any more."""
+    return load_weights(checkpoint.latest(run_dir))
+
+
+def es_check(cfg, tok, mean_length):
+    for name, flags in es_check_runs(cfg).items():
+        train_run(cfg, os.path.join(cfg.out, "es-check", name), flags + ["--seed", 0],
+                        cfg.tokens // 3 if name.startswith("es-sigma") else cfg.tokens, mean_length)
+
+
+def sequential(cfg, tok, mean_length):
+    """GRPO, then ES from GRPO's final model, half the budget each (seed 0)."""
+    first = os.path.join(cfg.out, "runs", "grpo-es-seed0", "1-grpo")
+    second = os.path.join(cfg.out, "runs", "grpo-es-seed0", "2-es")
+    train_run(cfg, first, method_flags(cfg, "grpo", 0), cfg.tokens // 2, mean_length)
+    if not is_trained(second):  # a checkpoint names no recipe of its own: the start model's is given by name
+        train_run(cfg, second, method_flags(cfg, "es", 0) + ["--recipe", own_recipe(cfg.model)],
+                        cfg.tokens - cfg.tokens // 2, mean_length, model=checkpoint.latest(first))
+    saved(eval_file(cfg, "grpo-es-seed0"), lambda: held_out(cfg, tok, final_model(second), make_task(cfg, 0),
+                                                            cfg.samples, cfg.problems))
+
+
+def calibration(cfg, tok, mean_length):
+    for name, (numbers, high) in levels(cfg).items():
+        saved(eval_file(cfg, name), lambda: held_out(cfg, tok, load_model(cfg.model), make_task(cfg, 0, numbers, high),
+                                                     cfg.samples, cfg.problems))
+
+
+def noise(cfg, tok, mean_length):
+    model, task = load_model(cfg.model), make_task(cfg, 0)
+    problems = task.test_problems(cfg.problems)
+    for t in cfg.temperatures:
+        saved(eval_file(cfg, f"noise-T{t:g}"), lambda: weight_noise.temperature(
+            model, tok, task, problems, t, cfg.noise_samples))
+    for scale in cfg.noise_scales:
+        saved(eval_file(cfg, f"noise-s{scale:g}"), lambda: weight_noise.weight_noise(
+            model, tok, task, problems, scale, cfg.noise_samples))
+
+
+def final_evals(cfg, tok, mean_length):
+    """Every trained run's final model on its seed's split and on the other task level; the start model too."""
+    for seed in range(1, cfg.seeds):
+        saved(eval_file(cfg, f"start-seed{seed}"), lambda: held_out(cfg, tok, load_model(cfg.model),
+                                                                    make_task(cfg, seed), cfg.samples, cfg.problems))
+    transfer = make_task(cfg, 0, [cfg.transfer_numbers], 99)
+    saved(eval_file(cfg, "start-transfer"), lambda: held_out(cfg, tok, load_model(cfg.model), transfer,
+                                                             cfg.transfer_samples, cfg.problems))
+    for name, (method, seed, run_dir) in seeded_runs(cfg).items():
+        if is_trained(run_dir):
+            saved(eval_file(cfg, name), lambda: held_out(cfg, tok, final_model(run_dir), make_task(cfg, seed),
+                                                         cfg.samples, cfg.problems))
+            saved(eval_file(cfg, f"{name}-transfer"), lambda: held_out(cfg, tok, final_model(run_dir), transfer,
+                                                                       cfg.transfer_samples, cfg.problems))
+
+
+def sparsity(cfg, tok, mean_length):
+    """Seed 0's ES and GRPO models with only the largest x% of their changes |θ − θ0| applied."""
+    for name, (method, seed, run_dir) in seeded_runs(cfg).items():
+        files = {keep: eval_file(cfg, f"{name}-keep{keep:g}") for keep in KEEP_FRACTIONS[1:-1]}
+        if seed or method not in ("es", "grpo") or not is_trained(run_dir) or all(map(os.path.exists, files.values())):
+            continue
+        theta0, theta = weights(load_weights(cfg.model)), weights(final_model(run_dir))
+        for keep, path in files.items():
+            saved(path, lambda: held_out(cfg, tok, load_weights(cfg.model, sparsified(theta0, theta, keep)),
+                                         make_task(cfg, seed), cfg.sparsity_samples, cfg.problems))
+
+
 def main(argv=None):
     cfg = parse_args(argv)
     set_up_process(default_device())
     began = time.time()
     tok = load_tokenizer(cfg.model)
-    evals = os.path.join(cfg.out, "evals")
     # Every piece waits for the start model's evaluation on seed 0's split: its mean length sizes the runs.
-    mean_length = saved(os.path.join(evals, "start-seed0.json"), lambda: held_out(
+    mean_length = saved(eval_file(cfg, "start-seed0"), lambda: held_out(
         cfg, tok, load_model(cfg.model), make_task(cfg, 0), cfg.samples, cfg.problems))["mean_length"]
     if wanted(cfg, "es-check"):
-        for name, flags in es_check_runs(cfg).items():
-            short = name.startswith("es-sigma")
-            train_to_budget(cfg, os.path.join(cfg.out, "es-check", name), flags + ["--seed", 0],
-                            cfg.tokens // 3 if short else cfg.tokens, mean_length)
+        es_check(cfg, tok, mean_length)
     for name, (method, seed, run_dir) in seeded_runs(cfg).items():
         if wanted(cfg, method):
-            train_to_budget(cfg, run_dir, method_flags(cfg, method, seed), cfg.tokens, mean_length)
-    if wanted(cfg, "sequential"):  # GRPO, then ES from GRPO's final model, half the budget each (seed 0)
-        first = os.path.join(cfg.out, "runs", "grpo-es-seed0", "1-grpo")
-        train_to_budget(cfg, first, method_flags(cfg, "grpo", 0), cfg.tokens // 2, mean_length)
-        second = os.path.join(cfg.out, "runs", "grpo-es-seed0", "2-es")
-        # A checkpoint names no recipe of its own: the start model's is given by name.
-        train_to_budget(cfg, second, method_flags(cfg, "es", 0) + ["--recipe", own_recipe(cfg.model)],
-                        cfg.tokens - cfg.tokens // 2, mean_length, model=checkpoint.latest(first))
-        saved(os.path.join(evals, "grpo-es-seed0.json"), lambda: held_out(
-            cfg, tok, load_weights(checkpoint.latest(second)), make_task(cfg, 0), cfg.samples, cfg.problems))
-    if wanted(cfg, "calibration"):
-        for name, (numbers, high) in levels(cfg).items():
-            saved(os.path.join(evals, f"{name}.json"), lambda: held_out(
-                cfg, tok, load_model(cfg.model), make_task(cfg, 0, numbers, high), cfg.samples, cfg.problems))
-    if wanted(cfg, "noise"):
-        model, task = load_model(cfg.model), make_task(cfg, 0)
-        problems = task.test_problems(cfg.problems)
-        for t in cfg.temperatures:
-            saved(os.path.join(evals, f"noise-T{t:g}.json"), lambda: weight_noise.temperature(
-                model, tok, task, problems, t, cfg.noise_samples))
-        for scale in cfg.noise_scales:
-            saved(os.path.join(evals, f"noise-s{scale:g}.json"), lambda: weight_noise.weight_noise(
-                model, tok, task, problems, scale, cfg.noise_samples))
-    if wanted(cfg, "evals"):
-        for seed in range(1, cfg.seeds):
-            saved(os.path.join(evals, f"start-seed{seed}.json"), lambda: held_out(
-                cfg, tok, load_model(cfg.model), make_task(cfg, seed), cfg.samples, cfg.problems))
-        trained = {name: run for name, run in seeded_runs(cfg).items() if is_trained(run[2])}
-        for name, (method, seed, run_dir) in trained.items():
-            final = checkpoint.latest(run_dir)
-            saved(os.path.join(evals, f"{name}.json"), lambda: held_out(
-                cfg, tok, load_weights(final), make_task(cfg, seed), cfg.samples, cfg.problems))
-        for name, run_dir in [("start", cfg.model)] + [(n, r) for n, (_, _, r) in trained.items()]:
-            path = run_dir if name == "start" else checkpoint.latest(run_dir)
-            saved(os.path.join(evals, f"{name}-transfer.json"), lambda: held_out(
-                cfg, tok, load_weights(path), make_task(cfg, 0, [cfg.transfer_numbers], 99), cfg.transfer_samples,
-                cfg.problems))
-    if wanted(cfg, "sparsity"):
-        theta0 = weights(load_weights(cfg.model))
-        for name, (method, seed, run_dir) in seeded_runs(cfg).items():
-            if seed == 0 and method in ("es", "grpo") and is_trained(run_dir):
-                theta = weights(load_weights(checkpoint.latest(run_dir)))
-                for keep in KEEP_FRACTIONS[1:-1]:
-                    saved(os.path.join(evals, f"{name}-keep{keep:g}.json"), lambda: held_out(
-                        cfg, tok, load_weights(cfg.model, sparsified(theta0, theta, keep)), make_task(cfg, seed),
-                        cfg.sparsity_samples, cfg.problems))
+            train_run(cfg, run_dir, method_flags(cfg, method, seed), cfg.tokens, mean_length)
+    for piece, do in (("sequential", sequential), ("calibration", calibration), ("noise", noise),
+                      ("evals", final_evals), ("sparsity", sparsity)):
+        if wanted(cfg, piece):
+            do(cfg, tok, mean_length)
     from bench import smollm2_report  # the report reads only the files written above
     if smollm2_report.complete(cfg):
         smollm2_report.write(cfg, asdict(cfg), time.time() - began)

@@ -8,8 +8,9 @@ import os
 
 import numpy as np
 
-from bench.reproduce import KEEP_FRACTIONS, read_log, rescue
-from bench.smollm2 import METHODS, es_check_runs, levels, seeded_runs, write_json
+from bench.reproduce import KEEP_FRACTIONS, rescue
+from bench.budget import read_log, write_json
+from bench.smollm2 import METHODS, es_check_runs, levels, seeded_runs
 from minies.runtime.checkpoint import written
 from train import HELDOUT_LOGGED
 
