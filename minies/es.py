@@ -105,9 +105,11 @@ def member_seeds(step_seed, population, antithetic):
 
 
 def normalize_rewards(rewards, how):
-    """Centered ranks in [−0.5, 0.5] (ties share their mean rank) or z-scores; all zeros when all tie."""
+    """Centered ranks in [−0.5, 0.5] (ties share their mean rank) or z-scores; all zeros when all tie. Ties are
+    equal values, not a zero std: the mean of N equal rewards such as 0.1 rounds, their std is then ~1e-17, and
+    every z-score would be −1 or +1, a full step in a random direction."""
     r = np.asarray(rewards, dtype=np.float64)
-    if r.std() == 0:
+    if r.max() == r.min():
         return np.zeros_like(r)
     if how == "zscore":
         return (r - r.mean()) / r.std()

@@ -104,6 +104,8 @@ def test_normalize_rewards():
     for how in ("rank", "zscore"):
         out = normalize_rewards([0.5, 0.5, 0.5], how)
         assert not np.isnan(out).any() and not out.any()
+    for how in ("rank", "zscore"):  # equal rewards whose mean rounds (std ~1e-17, not 0): still no step
+        assert not normalize_rewards([0.1] * 30, how).any()
 
 
 def test_all_tied_step_changes_nothing(tiny_model_dir):
