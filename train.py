@@ -11,6 +11,7 @@ Every algorithm gets the same prompts, rewards, logging, checkpoints and evaluat
 algorithm itself lives in minies/<algo>.py and provides what minies/algorithm.py lists.
 """
 import argparse
+import contextlib
 import dataclasses
 import json
 import os
@@ -31,8 +32,10 @@ from minies.recipes import describe as describe_recipes
 from minies.runtime import checkpoint, distributed, set_up_process
 from minies.runtime.checkpoint import written
 from minies.runtime.guard import Diverged, check_weights, largest_weight
-from minies.runtime.resume import check_resumed_settings, checkpoint_to_resume, open_log, restore
+from minies.runtime.resume import check_resumed_settings, checkpoint_to_resume, input_digests, open_log, restore
+from minies.runtime.run_lock import run_directory_lock
 from minies.tasks import get_task
+from minies.tasks.fit import check_answer_room, check_system
 
 
 def algorithms():
@@ -91,18 +94,20 @@ def parse_args(argv):
     if algo not in table:
         raise UserError(f"--algo {algo}: unknown or not available; choose one of {', '.join(table)}")
     # The model a run loads (hence its own recipe) depends on the task, which --recipe may name.
-    task = known.task or (recipe.settings(algo).get("task") if recipe else None) or TrainConfig.task
-    recipes = [own_recipe(known.model or default_model(task)), known.recipe]
+    # A recipe's task-level values (its prompt style, ...) apply only with its task (Recipe.settings): the task
+    # given, else --recipe's, else each recipe's own.
+    chosen_task = known.task or (recipe.settings(algo).get("task") if recipe else None)
+    recipes = [own_recipe(known.model or default_model(chosen_task or TrainConfig.task)), known.recipe]
     parser = ArgumentParser(description=__doc__, epilog="recipes (--recipe NAME):\n" + describe_recipes(),
                             formatter_class=argparse.RawDescriptionHelpFormatter)
     config_class, algorithm = table[algo]
     module = f"minies/{algorithm.__module__.split('.')[-1]}.py"
     names = {f.name for config in (TrainConfig, config_class) for f in dataclasses.fields(config)}
-    origins = {"steps": f"{module}: {algorithm.__name__}.default_steps", **recipe_origins(recipes, algo, names)}
+    origins = {"steps": f"{module}: {algorithm.__name__}.default_steps", **recipe_origins(recipes, algo, names, chosen_task)}
     add_arguments(parser, TrainConfig, "training", origins)
     add_arguments(parser, config_class, f"{algo} (see {module})", origins)
     parser.set_defaults(algo=algo, steps=algorithm.default_steps)
-    parser.set_defaults(**recipe_defaults(recipes, algo, names))
+    parser.set_defaults(**recipe_defaults(recipes, algo, names, chosen_task))
     args = parser.parse_args(argv)
     args.model = args.model or default_model(args.task)  # resolved here, so config.json records the path
     applied = list(dict.fromkeys(name for name in recipes if name))  # --recipe tiny on the tiny model: once
@@ -114,7 +119,7 @@ def print_settings(argv, names, cfg, algo_cfg):
     on the command line shows its own value); then a note for a flag given that does nothing here."""
     values = {**dataclasses.asdict(cfg), **dataclasses.asdict(algo_cfg)}
     for name in names:
-        keys = [k for k in RECIPES[name].settings(cfg.algo) if k in values]
+        keys = [k for k in RECIPES[name].settings(cfg.algo, cfg.task) if k in values]
         print(f"recipe {name}: " + ", ".join(f"--{k.replace('_', '-')} {values[k]}" for k in keys))
     note_compile_decoding(argv, cfg.compile_decoding, default_device())
 
@@ -144,11 +149,25 @@ def main(argv=None):
     model_config = load_config(cfg.model)  # a missing model is named before anything about its run
     run_dir = os.path.join(cfg.out, cfg.run_name or f"{cfg.algo}-{cfg.task}-seed{cfg.seed}")
     check_writable(run_dir, "--out")
+    with run_directory_lock(run_dir) if main_rank else contextlib.nullcontext():  # before anything is written
+        train(cfg, algo_cfg, Algorithm, recipes, by_recipe, model_config, run_dir, main_rank)
+    distributed.close()
+
+
+def train(cfg, algo_cfg, Algorithm, recipes, by_recipe, model_config, run_dir, main_rank):
+    """The run in `run_dir`, new or resumed, to its summary."""
+    inputs = input_digests(cfg)  # of the files as the run starts reading them
     resume_from, state = checkpoint_to_resume(run_dir, cfg, by_recipe, main_rank)
 
     torch.manual_seed(cfg.seed)
     task = make_task(cfg, model_config, main_rank)
     tok = load_tokenizer(cfg.model)
+    notes = check_answer_room(task, tok)
+    check_system(task, tok, cfg.chat_template, cfg.system, getattr(model_config, "max_position_embeddings", None),
+                 task.max_new_tokens)
+    if main_rank:
+        for note in notes:
+            print(f"note: {note}", file=sys.stderr)
     # --resume starts again from the start model too: the training state holds the trained weights (ES's masters,
     # GRPO's weights or adapters), and the model a checkpoint holds (merged, dequantized) is for eval.py.
     model = load_model(cfg.model, cfg.dtype, cfg.load_in_8bit)
@@ -156,13 +175,14 @@ def main(argv=None):
     weight_bound = cfg.max_weight_growth * largest_weight(model)  # of the start model, also when resuming
 
     if resume_from:
-        check_resumed_settings(run_dir, cfg, algo_cfg, by_recipe)  # every setting resolved, before anything is restored
+        # Every setting resolved, before anything is restored.
+        check_resumed_settings(run_dir, cfg, algo_cfg, by_recipe, inputs, task.difficulty)
         start_step, tokens, before = restore(state, algo)
     else:
         start_step, tokens = 0, 0
         before = heldout(model, tok, task, cfg, cfg.final_samples, main_rank)
         if main_rank:
-            write_config(run_dir, cfg, algo_cfg, recipes)
+            write_config(run_dir, cfg, algo_cfg, recipes, inputs)
             print("before: " + _fmt(before))
     log = open_log(run_dir, start_step, resume_from) if main_rank else None
 
@@ -190,7 +210,6 @@ def main(argv=None):
     if main_rank:
         log.close()
         write_summary(run_dir, before, after, tokens, tied_steps, cfg.steps - start_step)
-    distributed.close()
 
 
 def check_run_name(run_name):
@@ -203,13 +222,14 @@ def check_run_name(run_name):
 def set_by_recipe(argv, recipes, cfg, algo_cfg):
     """{setting: "recipe NAME"} for each setting whose value a recipe gave, where the command line gave none."""
     typed, settings = typed_flags(argv), {**asdict(cfg), **asdict(algo_cfg)}
-    return {key: origin for key, origin in recipe_origins(recipes, cfg.algo, settings).items() if key not in typed}
+    return {key: origin for key, origin in recipe_origins(recipes, cfg.algo, settings, cfg.task).items()
+            if key not in typed}
 
 
 def make_task(cfg, model_config, main_rank):
     """The task, with the prompt style, reward and generation length resolved into `cfg` (config.json records
     them), and its notes printed."""
-    cfg.prompt_style = prompt_style_for(cfg.prompt_style, model_config)
+    cfg.prompt_style = prompt_style_for(cfg.prompt_style, model_config, cfg.task)
     task = get_task(cfg.task, seed=cfg.seed, data=cfg.data, prompt_style=cfg.prompt_style,
                     max_new_tokens=cfg.max_new_tokens, eval_data=cfg.eval_data, train_problems=cfg.train_problems,
                     reward=cfg.reward, system=cfg.system, numbers=cfg.numbers, low=cfg.low, high=cfg.high)
@@ -222,10 +242,12 @@ def make_task(cfg, model_config, main_rank):
     return task
 
 
-def write_config(run_dir, cfg, algo_cfg, recipes):
+def write_config(run_dir, cfg, algo_cfg, recipes, inputs):
+    """config.json: every setting as resolved, the recipes applied, and the sha256 of each file the run reads."""
     os.makedirs(run_dir, exist_ok=True)
     with written(os.path.join(run_dir, "config.json")) as f:
-        json.dump({"train": asdict(cfg), cfg.algo: asdict(algo_cfg), "recipes": recipes}, f, indent=1)
+        json.dump({"train": asdict(cfg), cfg.algo: asdict(algo_cfg), "recipes": recipes, "inputs": inputs}, f,
+                  indent=1)
 
 
 def guarded_step(algo, task, step_seed, step, model, weight_bound):

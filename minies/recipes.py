@@ -29,9 +29,17 @@ class Recipe:
     values: dict  # flag (field) name -> (value, where the value comes from)
     per_algo: dict = field(default_factory=dict)  # algorithm -> {flag: (value, source)}, over `values`
 
-    def settings(self, algo):
-        """{flag: value} of this recipe for `algo`."""
-        return {name: value for name, (value, _) in {**self.values, **self.per_algo.get(algo, {})}.items()}
+    def settings(self, algo, task=None):
+        """{flag: value} of this recipe for `algo`; for a `task` (None: the recipe's own) other than the one the
+        recipe names, without its task-level values (TASK_LEVEL), which would ask one task's prompts of another."""
+        values = {**self.values, **self.per_algo.get(algo, {})}
+        if task is not None and values.get("task", (task,))[0] != task:
+            values = {name: value for name, value in values.items() if name not in TASK_LEVEL}
+        return {name: value for name, (value, _) in values.items()}
+
+
+# The settings that belong to a recipe's task: with --task another, the flags' own defaults apply instead.
+TASK_LEVEL = {"task", "prompt_style", "reward", "data", "train_problems", "max_new_tokens", "eval_problems"}
 
 
 QIU = "Qiu et al. 2025, countdown/"
@@ -174,13 +182,15 @@ RECIPES = {
 }
 
 
-def prompt_style_for(style, config):
+def prompt_style_for(style, config, task=None):
     """`style` itself, or for "auto" the prompt style of the recipe the model names for itself (`minies_recipe` in
-    its config.json: RECIPES above), else "instruct", the style of any instruction-tuned model."""
+    its config.json: RECIPES above) when it is for `task` (None: any), else "instruct", the style of any
+    instruction-tuned model."""
     if style != "auto":
         return style
     recipe = RECIPES.get(getattr(config, "minies_recipe", None))
-    return recipe.values["prompt_style"][0] if recipe and "prompt_style" in recipe.values else "instruct"
+    settings = recipe.settings(None, task) if recipe else {}
+    return settings.get("prompt_style", "instruct")
 
 
 def own_recipe(model):
@@ -205,18 +215,19 @@ def own_recipe(model):
     return name
 
 
-def recipe_defaults(names, algo, fields):
+def recipe_defaults(names, algo, fields, task=None):
     """The defaults that the recipes `names` (weakest first; None skipped) set for `algo` (None: the values for
-    every algorithm only), restricted to the flags in `fields`."""
+    every algorithm only) and `task` (Recipe.settings), restricted to the flags in `fields`."""
     out = {}
     for name in filter(None, names):
-        out.update({k: v for k, v in RECIPES[name].settings(algo).items() if k in fields})
+        out.update({k: v for k, v in RECIPES[name].settings(algo, task).items() if k in fields})
     return out
 
 
-def recipe_origins(names, algo, fields):
+def recipe_origins(names, algo, fields, task=None):
     """{flag: "recipe NAME"} for the flags in `fields` whose default a recipe of `names` sets (the strongest)."""
-    return {k: f"recipe {name}" for name in filter(None, names) for k in RECIPES[name].settings(algo) if k in fields}
+    return {k: f"recipe {name}" for name in filter(None, names) for k in RECIPES[name].settings(algo, task)
+            if k in fields}
 
 
 def describe():

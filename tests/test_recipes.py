@@ -140,11 +140,12 @@ def test_config_json_records_resolved_values(tmp_path, model_dir, capsys):
                                    "--eval-problems", 2, "--final-samples", 1, "--eval-every", 0, "--out", tmp_path)
     captured = capsys.readouterr()
     assert code == 0, captured.err + message
-    # The recipes applied, weakest first, each with the values the run resolved (the command line's win).
+    # The recipes applied, weakest first, each with the values the run resolved (the command line's win);
+    # qiu2025's task-level values (its task, prompt style, reward, ...) are for Countdown only.
     assert captured.out.startswith("recipe tiny: --prompt-style terse, --population 2, --sigma 0.001, --alpha 0.0005, "
                                    "--prompts-per-step 2, --antithetic False, --normalize zscore, --steps 1, --params "
                                    ".*, --mode inplace\n"
-                                   "recipe qiu2025: --task arithmetic, --prompt-style terse, --reward minies")
+                                   "recipe qiu2025: --prompts-per-step 2, --population 2, --sigma 0.001")
     config = json.loads((tmp_path / "es-arithmetic-seed0" / "config.json").read_text())
     assert config["recipes"] == ["tiny", "qiu2025"] and config["train"]["recipe"] == "qiu2025"
     assert (config["train"]["prompt_style"], config["train"]["reward"], config["train"]["train_problems"]) == (

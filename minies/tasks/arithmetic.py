@@ -36,9 +36,8 @@ class Arithmetic(Task):
     default_max_new_tokens = {"terse": 10, "instruct": 256, "equation": 8}
 
     def __init__(self, seed=0, test_size=500, numbers=None, low=None, high=None, **kwargs):
-        self.numbers = 2 if numbers is None else numbers
-        self.low = 0 if low is None else low
-        self.high = 99 if high is None else high
+        self.numbers, self.low, self.high = self.difficulty(numbers, low, high).values()
+        self.difficulty_given = (numbers, low, high)
         if not 1 <= self.numbers <= MAX_NUMBERS:
             raise UserError(f"--numbers {self.numbers}: --task arithmetic sums 1 to {MAX_NUMBERS} numbers")
         if self.low < 0:
@@ -48,6 +47,16 @@ class Arithmetic(Task):
             raise UserError(f"--numbers {self.numbers} --high {self.high}: sums reach {self.numbers * self.high}, "
                             f"past the {ANSWER_DIGITS} digits an answer may have; lower --high or --numbers")
         super().__init__(seed, test_size, **kwargs)
+
+    def difficulty(self, numbers=None, low=None, high=None):
+        return {"numbers": 2 if numbers is None else numbers, "low": 0 if low is None else low,
+                "high": 99 if high is None else high}
+
+    def problem_count(self):
+        return (self.high - self.low + 1) ** self.numbers  # the question writes the numbers in order: 12+93, 93+12
+
+    def hardest_problem(self):
+        return Problem("", str(self.numbers * self.high))
 
     def problem(self, rng):
         xs = [rng.randint(self.low, self.high) for _ in range(self.numbers)]

@@ -113,10 +113,9 @@ class Countdown(Task):
             if kwargs.get(flag) is not None:
                 refuse_with_files(f"the problems come from --{flag.replace('_', '-')} {kwargs[flag]}", numbers, low,
                                   high)
-        counts, default_low, default_high, max_target = GENERATED["terse" if prompt_style == "terse" else "instruct"]
-        self.counts = counts if numbers is None else (numbers,)
-        self.low = default_low if low is None else low
-        self.high = default_high if high is None else high
+        self.counts, self.low, self.high = generated(prompt_style, numbers, low, high)
+        self.difficulty_given = (numbers, low, high)
+        _, default_low, default_high, max_target = GENERATED["terse" if prompt_style == "terse" else "instruct"]
         self.max_target = max_target if (self.low, self.high) == (default_low, default_high) else None  # docstring
         if numbers is not None and not self.MIN_NUMBERS <= numbers <= self.MAX_NUMBERS:
             raise UserError(f"--numbers {numbers}: --task countdown takes {self.MIN_NUMBERS} to {self.MAX_NUMBERS} "
@@ -126,6 +125,21 @@ class Countdown(Task):
                             "target: their sum)")
         check_range(self.name, self.counts, self.low, self.high, test_size)
         super().__init__(seed, test_size, prompt_style=prompt_style, **kwargs)
+
+    def difficulty(self, numbers=None, low=None, high=None):
+        if self.reads_files:
+            return super().difficulty(numbers, low, high)
+        counts, low, high = generated(self.prompt_style, numbers, low, high)
+        return {"numbers": counts[0] if len(counts) == 1 else " or ".join(map(str, counts)), "low": low, "high": high}
+
+    def hardest_problem(self):
+        if self.reads_files:
+            return None
+        return CountdownProblem("", "1", None, (self.high,) * max(self.counts))
+
+    def shortest_answer(self, problem):
+        """Every number once, joined by one operator each and no parentheses: no answer is shorter."""
+        return f"<answer>{'+'.join(map(str, problem.numbers))}</answer>"
 
     def make_problem(self, numbers, target, reference=None, context=None):
         """The problem of reaching `target` (a number or its text) with `numbers`, asked in this task's style;
@@ -215,6 +229,13 @@ class Countdown(Task):
 
     def solution(self, problem):
         return f"<answer>{problem.reference}</answer>"
+
+
+def generated(prompt_style, numbers=None, low=None, high=None):
+    """(numbers per problem it may choose, smallest, largest) of generated problems: the flags, else the style's."""
+    counts, default_low, default_high, _ = GENERATED["terse" if prompt_style == "terse" else "instruct"]
+    return (counts if numbers is None else (numbers,), default_low if low is None else low,
+            default_high if high is None else high)
 
 
 def qiu_score(completion, problem):
