@@ -23,11 +23,11 @@ import torch
 from tqdm import tqdm
 
 from minies import ArgumentParser, UserError, check_thread_variable, check_writable, run_script
-from minies import typed_flags
 from minies.config import ModelOptions, TaskOptions, add_arguments, from_args, note_compile_decoding, option
 from minies.evaluate import evaluate
 from minies.models import default_device, default_model, load_config, load_model, load_tokenizer, position_notes
-from minies.recipes import RECIPES, own_recipe, prompt_style_for, recipe_defaults, recipe_origins
+from minies.recipes import RECIPES, naming_recipes, own_recipe, prompt_style_for, recipe_defaults, recipe_origins
+from minies.recipes import set_by_recipe
 from minies.recipes import describe as describe_recipes
 from minies.runtime import checkpoint, distributed, set_up_process
 from minies.runtime.checkpoint import written
@@ -160,11 +160,12 @@ def train(cfg, algo_cfg, Algorithm, recipes, by_recipe, model_config, run_dir, m
     resume_from, state = checkpoint_to_resume(run_dir, cfg, by_recipe, main_rank)
 
     torch.manual_seed(cfg.seed)
-    task = make_task(cfg, model_config, main_rank)
+    task = make_task(cfg, model_config, main_rank, by_recipe)
     tok = load_tokenizer(cfg.model)
-    notes = check_answer_room(task, tok)
-    check_system(task, tok, cfg.chat_template, cfg.system, getattr(model_config, "max_position_embeddings", None),
-                 task.max_new_tokens)
+    with naming_recipes(cfg, by_recipe):
+        notes = check_answer_room(task, tok)
+        check_system(task, tok, cfg.chat_template, cfg.system, getattr(model_config, "max_position_embeddings", None),
+                     task.max_new_tokens)
     if main_rank:
         for note in notes:
             print(f"note: {note}", file=sys.stderr)
@@ -219,20 +220,14 @@ def check_run_name(run_name):
                         "--out (no '..', '.', leading '/')")
 
 
-def set_by_recipe(argv, recipes, cfg, algo_cfg):
-    """{setting: "recipe NAME"} for each setting whose value a recipe gave, where the command line gave none."""
-    typed, settings = typed_flags(argv), {**asdict(cfg), **asdict(algo_cfg)}
-    return {key: origin for key, origin in recipe_origins(recipes, cfg.algo, settings, cfg.task).items()
-            if key not in typed}
-
-
-def make_task(cfg, model_config, main_rank):
+def make_task(cfg, model_config, main_rank, by_recipe):
     """The task, with the prompt style, reward and generation length resolved into `cfg` (config.json records
     them), and its notes printed."""
     cfg.prompt_style = prompt_style_for(cfg.prompt_style, model_config, cfg.task)
-    task = get_task(cfg.task, seed=cfg.seed, data=cfg.data, prompt_style=cfg.prompt_style,
-                    max_new_tokens=cfg.max_new_tokens, eval_data=cfg.eval_data, train_problems=cfg.train_problems,
-                    reward=cfg.reward, system=cfg.system, numbers=cfg.numbers, low=cfg.low, high=cfg.high)
+    with naming_recipes(cfg, by_recipe):
+        task = get_task(cfg.task, seed=cfg.seed, data=cfg.data, prompt_style=cfg.prompt_style,
+                        max_new_tokens=cfg.max_new_tokens, eval_data=cfg.eval_data, train_problems=cfg.train_problems,
+                        reward=cfg.reward, system=cfg.system, numbers=cfg.numbers, low=cfg.low, high=cfg.high)
     if cfg.data is None and task.needs_data:
         raise UserError(task.data_help)
     cfg.max_new_tokens, cfg.reward = task.max_new_tokens, task.reward

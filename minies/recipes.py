@@ -10,11 +10,12 @@ Defaults, weakest first: the flags' own (the dataclasses'), the model's recipe, 
 command line win over all. A recipe sets --algo to its first algorithm; values for flags an algorithm does not
 have are skipped. config.json records the values a run actually used, and train.py prints a recipe's.
 """
+import contextlib
 import os
 import textwrap
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 
-from minies import UserError
+from minies import UserError, typed_flags
 from minies.gguf import cached_gguf, is_gguf, packaged_file, packaged_recipe
 from minies.models import load_config
 
@@ -228,6 +229,27 @@ def recipe_origins(names, algo, fields, task=None):
     """{flag: "recipe NAME"} for the flags in `fields` whose default a recipe of `names` sets (the strongest)."""
     return {k: f"recipe {name}" for name in filter(None, names) for k in RECIPES[name].settings(algo, task)
             if k in fields}
+
+
+def set_by_recipe(argv, recipes, cfg, algo_cfg):
+    """{setting: "recipe NAME"} for each setting whose value a recipe gave, where the command line gave none."""
+    typed, settings = typed_flags(argv), {**asdict(cfg), **asdict(algo_cfg)}
+    return {key: origin for key, origin in recipe_origins(recipes, cfg.algo, settings, cfg.task).items()
+            if key not in typed}
+
+
+@contextlib.contextmanager
+def naming_recipes(cfg, by_recipe):
+    """A UserError raised in the block, with "(from recipe NAME)" after each flag it names that a recipe set:
+    the user typed no such flag, and the recipe is what to change."""
+    try:
+        yield
+    except UserError as e:
+        message = str(e)
+        for key, origin in by_recipe.items():
+            given = f"--{key.replace('_', '-')} {getattr(cfg, key, None)}"
+            message = message.replace(given, f"{given} (from {origin})", 1)
+        raise UserError(message) from None
 
 
 def describe():

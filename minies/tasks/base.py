@@ -227,9 +227,11 @@ class Task:
         return {"numbers": numbers, "low": low, "high": high}
 
     def difficulty_flags(self):
-        """The resolved difficulty flags as a command line would give them: "--numbers 2 --low 0 --high 99"."""
+        """The resolved difficulty flags as a command line would give them, a default marked so: "--numbers 2
+        (default) --low 0 (default) --high 999"."""
         given = getattr(self, "difficulty_given", (None, None, None))  # the flags' values, set by a generated task
-        return " ".join(f"--{key} {value}" for key, value in self.difficulty(*given).items() if value is not None)
+        return " ".join(f"--{key} {value}" + (" (default)" if typed is None else "")
+                        for (key, value), typed in zip(self.difficulty(*given).items(), given) if value is not None)
 
     def hardest_problem(self):
         """A generated problem whose shortest answer is as long as any can be (None: the problems are read)."""
