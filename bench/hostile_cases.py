@@ -405,7 +405,9 @@ def other_cases():
 
 
 def cases():
+    from bench.hostile_run_cases import run_cases  # which builds on this module's helpers
+
     return [*sweep_cases(), *model_cases("train.py", TINY_ES), *model_cases("eval.py", SMALL_EVAL), *data_cases(),
-            *resume_cases(), *other_cases()]
+            *resume_cases(), *other_cases(), *run_cases()]
 
 
