@@ -27,7 +27,7 @@ from minies.config import ModelOptions, TaskOptions, add_arguments, from_args, n
 from minies.evaluate import evaluate
 from minies.models import default_device, default_model, load_config, load_model, load_tokenizer, position_notes
 from minies.recipes import RECIPES, naming_recipes, own_recipe, prompt_style_for, recipe_defaults, recipe_origins
-from minies.recipes import set_by_recipe
+from minies.recipes import length_origin, set_by_recipe
 from minies.recipes import describe as describe_recipes
 from minies.runtime import checkpoint, distributed, set_up_process
 from minies.runtime.checkpoint import written
@@ -69,8 +69,8 @@ class TrainConfig(TaskOptions, ModelOptions):
     eval_problems: int = option(None, "held-out problems for the evaluations (default: all of the test split: 500 "
                                 "generated, or every row of --eval-data)", check="count")
     eval_samples: int = option(4, "samples per problem for held-out pass@1 during training", check="count")
-    final_samples: int = option(16, "samples per problem for the before/after evaluation (pass@1, pass@16)",
-                                check="count")
+    final_samples: int = option(16, "samples per problem for the before/after evaluation (pass@1, and pass@k for k "
+                                "the samples up to 16: pass@16 from 16 samples, pass@8 from 8)", check="count")
     max_weight_growth: float = option(100.0, "stop the run, before it saves, when a weight's magnitude exceeds this "
                                       "many times the start model's largest (a diverging run; inf: never)",
                                       check="positive_or_inf")
@@ -103,7 +103,9 @@ def parse_args(argv):
     config_class, algorithm = table[algo]
     module = f"minies/{algorithm.__module__.split('.')[-1]}.py"
     names = {f.name for config in (TrainConfig, config_class) for f in dataclasses.fields(config)}
-    origins = {"steps": f"{module}: {algorithm.__name__}.default_steps", **recipe_origins(recipes, algo, names, chosen_task)}
+    origins = {"steps": f"{module}: {algorithm.__name__}.default_steps",
+               "max_new_tokens": length_origin(recipes, algo, chosen_task, TrainConfig.task),
+               **recipe_origins(recipes, algo, names, chosen_task)}
     add_arguments(parser, TrainConfig, "training", origins)
     add_arguments(parser, config_class, f"{algo} (see {module})", origins)
     parser.set_defaults(algo=algo, steps=algorithm.default_steps)
@@ -126,7 +128,7 @@ def print_settings(argv, names, cfg, algo_cfg):
 
 def heldout(model, tok, task, cfg, n, progress=False):
     model.eval()
-    return evaluate(model, tok, task, task.test_problems(cfg.eval_problems), n=n, ks=[k for k in (1, 16) if k <= n],
+    return evaluate(model, tok, task, task.test_problems(cfg.eval_problems), n=n, ks=sorted({1, min(n, 16)}),
                     seed=cfg.seed, chat_template=cfg.chat_template, compile_decoding=cfg.compile_decoding,
                     progress=progress)
 
@@ -200,6 +202,8 @@ def train(cfg, algo_cfg, Algorithm, recipes, by_recipe, model_config, run_dir, m
         if cfg.eval_every and (step + 1) % cfg.eval_every == 0 and step + 1 < cfg.steps:
             metrics = heldout(model, tok, task, cfg, cfg.eval_samples)
             row.update({key: metrics[name] for key, name in HELDOUT_LOGGED.items()})
+            if main_rank:  # one line each, above the step bar
+                bar.write(f"step {step + 1}: " + _fmt({key: row[key] for key in HELDOUT_LOGGED}))
         if main_rank:
             append_row(log, row)
             bar.set_postfix(reward=f"{stats.get('reward_mean', 0):.3f}")
@@ -210,7 +214,7 @@ def train(cfg, algo_cfg, Algorithm, recipes, by_recipe, model_config, run_dir, m
     after = heldout(model, tok, task, cfg, before["n"], main_rank)
     if main_rank:
         log.close()
-        write_summary(run_dir, before, after, tokens, tied_steps, cfg.steps - start_step)
+        write_summary(run_dir, before, after, tokens, tied_steps, cfg.steps - start_step, bool(resume_from))
 
 
 def check_run_name(run_name):
@@ -269,10 +273,12 @@ def append_row(log, row):
         f.flush()
 
 
-def write_summary(run_dir, before, after, tokens, tied_steps, steps_run):
+def write_summary(run_dir, before, after, tokens, tied_steps, steps_run, resumed):
+    """summary.json, and the `after:` line (beside `before:` for a resumed run, which printed none at its start)."""
     with written(os.path.join(run_dir, "summary.json")) as f:
         json.dump({"before": before, "after": after, "tokens": tokens}, f, indent=1)
-    print("before: " + _fmt(before))
+    if resumed:
+        print("before: " + _fmt(before))
     print("after:  " + _fmt(after))
     if tied_steps and tied_steps == steps_run:
         print(f"note: every member tied at every one of the {tied_steps} steps run: ES had no difference to "

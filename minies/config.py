@@ -114,8 +114,10 @@ def add_arguments(parser, config_class, title=None, origins=None):
 def default_text(f, origin):
     """" (default: VALUE; ORIGIN)" for --help; VALUE is filled in by argparse when it prints (%(default)s), so
     that a default set later (set_defaults) shows. Lists print as they are typed, space-separated."""
-    if f.default is None and "default" in f.metadata["help"]:
-        return ""  # the help text says what None means
+    if f.default is None and "default" in f.metadata["help"]:  # the help text says what None means
+        # ... unless a recipe sets a value, or decides the one None stands for (its prompt style's length).
+        return "" if origin is None else f" (here: %(default)s, {origin})" if origin.startswith("recipe") else \
+            f" (here: {origin})"
     value = " ".join(map(str, f.default)) if isinstance(f.default, (list, tuple)) else "%(default)s"
     return f" (default: {value}{'; ' + origin if origin else ''})"
 

@@ -252,6 +252,20 @@ def naming_recipes(cfg, by_recipe):
         raise UserError(message) from None
 
 
+def length_origin(names, algo, task, default_task):
+    """For --help, where --max-new-tokens' default (None) is the prompt style's and a recipe of `names` chose that
+    style: "8 for equation prompts (recipe smollm2)"; None otherwise. `task`: the one given (None: the recipes',
+    else `default_task`)."""
+    from minies.tasks import TASKS
+
+    chosen = recipe_defaults(names, algo, {"task", "prompt_style", "max_new_tokens"}, task)
+    style, task_class = chosen.get("prompt_style"), TASKS.get(task or chosen.get("task") or default_task)
+    if "max_new_tokens" in chosen or task_class is None or style not in task_class.default_max_new_tokens:
+        return None
+    origin = recipe_origins(names, algo, {"prompt_style"}, task)["prompt_style"]
+    return f"{task_class.default_max_new_tokens[style]} for {style} prompts, {origin}"
+
+
 def describe():
     """The recipes as lines for --help."""
     return "\n".join(textwrap.fill(f"--algo {'|'.join(r.algos)}: {r.summary}", 100, initial_indent=f"  {name:<15} ",
