@@ -35,6 +35,7 @@ import numpy as np
 
 from minies import UserError
 from minies.tasks.data import Rows, read_problems
+from minies.tasks.difficulty import Difficulty
 
 FORMAT_BONUS = 0.1
 ANSWER_TAG = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
@@ -110,7 +111,7 @@ def make_score(correct, malformed, solution=None, answer=None):
                  answer=None if malformed else answer)
 
 
-class Task:
+class Task(Difficulty):
     """Base class. Subclasses define `problem(rng)` (generated tasks) or `parse_row(row)` (tasks that read
     a data file), `score(completion, problem)` and `solution(problem)`; the module docstring describes the
     splits."""
@@ -215,27 +216,6 @@ class Task:
                 drawn.append(p)
                 fruitless = 0
         return drawn
-
-    def problem_count(self):
-        """How many distinct problems the generator makes, where that is known exactly (else None)."""
-        return None
-
-    def difficulty(self, numbers=None, low=None, high=None):
-        """The difficulty flags as this task resolves them, None standing for its default (--resume compares
-        a run's flags this way: `--numbers 2` is arithmetic's default written out). Tasks that read their
-        problems have none."""
-        return {"numbers": numbers, "low": low, "high": high}
-
-    def difficulty_flags(self):
-        """The resolved difficulty flags as a command line would give them, a default marked so: "--numbers 2
-        (default) --low 0 (default) --high 999"."""
-        given = getattr(self, "difficulty_given", (None, None, None))  # the flags' values, set by a generated task
-        return " ".join(f"--{key} {value}" + (" (default)" if typed is None else "")
-                        for (key, value), typed in zip(self.difficulty(*given).items(), given) if value is not None)
-
-    def hardest_problem(self):
-        """A generated problem whose shortest answer is as long as any can be (None: the problems are read)."""
-        return None
 
     def shortest_answer(self, problem):
         """The shortest completion the verifier can accept for `problem` (tasks/fit.py checks that it fits
