@@ -3,6 +3,8 @@ only then named in the `latest` file (itself replaced atomically). A kill at any
 `latest` naming a complete checkpoint, or no `latest` at all.
 
 Layout of a run directory:
+    config.json             every setting as resolved, the recipes applied, the sha256 of each file read
+    run.lock                while a process runs it: that process's pid and host (minies/runtime/run_lock.py)
     log.jsonl               one JSON line per step
     latest                  name of the newest complete checkpoint, e.g. "step-000100"
     step-000100/            save_pretrained model + tokenizer, and training_state.pt
