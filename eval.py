@@ -22,7 +22,7 @@ from minies.runtime import set_up_process
 from minies.config import ModelOptions, TaskOptions, add_arguments, checked, from_args, note_compile_decoding, option
 from minies.evaluate import evaluate
 from minies.models import default_device, default_model, load_config, load_model, load_tokenizer, position_notes
-from minies.recipes import own_recipe, recipe_defaults, recipe_origins, prompt_style_for
+from minies.recipes import naming_recipes, own_recipe, prompt_style_for, recipe_defaults, recipe_origins, set_by_recipe
 from minies.rollout import encode
 from minies.tasks import get_task
 from minies.tasks.fit import check_answer_room, check_system
@@ -48,6 +48,11 @@ class EvalConfig(TaskOptions, ModelOptions):
 
 
 def parse_args(argv):
+    return parse(argv)[0]
+
+
+def parse(argv):
+    """(EvalConfig, the model's own recipe or None)."""
     pre = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
     for flag in ("--model", "--task"):
         pre.add_argument(flag)
@@ -60,11 +65,12 @@ def parse_args(argv):
     ap.set_defaults(**recipe_defaults([own], None, names, known.task))
     cfg = from_args(EvalConfig, ap.parse_args(argv))
     cfg.model = cfg.model or default_model(cfg.task)
-    return cfg
+    return cfg, own
 
 
 def main(argv=None):
-    cfg = parse_args(argv)
+    cfg, own = parse(argv)
+    by_recipe = set_by_recipe(argv, [own], None, cfg)
     check_thread_variable()
     set_up_process(default_device())  # every process-wide setting (threads, allocator, logging): minies/runtime
     note_compile_decoding(argv, cfg.compile_decoding, default_device())
@@ -85,16 +91,19 @@ def main(argv=None):
                         "answers one way only, so drop it")
     model_config = load_config(cfg.model)
     style = prompt_style_for(cfg.prompt_style, model_config, cfg.task)
-    task = get_task(cfg.task, seed=cfg.seed, data=cfg.data, prompt_style=style, max_new_tokens=cfg.max_new_tokens,
-                    lenient_answers=cfg.lenient_answers, eval_data=cfg.eval_data, train_problems=cfg.train_problems,
-                    reward=cfg.reward, system=cfg.system, numbers=cfg.numbers, low=cfg.low, high=cfg.high)
+    with naming_recipes(cfg, by_recipe):
+        task = get_task(cfg.task, seed=cfg.seed, data=cfg.data, prompt_style=style, max_new_tokens=cfg.max_new_tokens,
+                        lenient_answers=cfg.lenient_answers, eval_data=cfg.eval_data,
+                        train_problems=cfg.train_problems, reward=cfg.reward, system=cfg.system, numbers=cfg.numbers,
+                        low=cfg.low, high=cfg.high)
     for note in task.notes + position_notes(model_config, task.max_new_tokens):
         print(f"note: {note}", file=sys.stderr)
     tok = load_tokenizer(cfg.model)
-    for note in check_answer_room(task, tok):
-        print(f"note: {note}", file=sys.stderr)
-    check_system(task, tok, cfg.chat_template, cfg.system, getattr(model_config, "max_position_embeddings", None),
-                 task.max_new_tokens)
+    with naming_recipes(cfg, by_recipe):
+        for note in check_answer_room(task, tok):
+            print(f"note: {note}", file=sys.stderr)
+        check_system(task, tok, cfg.chat_template, cfg.system, getattr(model_config, "max_position_embeddings", None),
+                     task.max_new_tokens)
     if cfg.show_prompt:
         prompt = task.prompts(tok, task.test_problems(1), cfg.chat_template)[0]
         length = len(encode(tok, [prompt])['input_ids'][0])

@@ -144,7 +144,7 @@ def main(argv=None):
     set_up_process(default_device())  # every process-wide setting (threads, allocator, logging): minies/runtime
     distributed.init()
     main_rank = distributed.is_main()
-    by_recipe = set_by_recipe(argv, recipes, cfg, algo_cfg)
+    by_recipe = set_by_recipe(argv, recipes, cfg.algo, cfg, algo_cfg)
     if main_rank:
         print_settings(argv, recipes, cfg, algo_cfg)
     check_run_name(cfg.run_name)

@@ -57,8 +57,8 @@ def note_long_prompts(model, width, max_new_tokens):
     if positions and max_new_tokens < positions < width + max_new_tokens and id(model) not in NOTED:
         NOTED.add(id(model))
         print(f"note: a prompt of {width} tokens with {max_new_tokens} new ones runs past the {positions} positions "
-              "the model was trained on: its steps slow down, and it generates from positions it never saw; "
-              "shorten the long rows of --data", file=sys.stderr)
+              "the model was trained on: its steps slow down, and it generates from positions it never saw; shorten "
+              "what makes prompts long (rows of --data, --system, the numbers of generated problems)", file=sys.stderr)
 
 
 def default_device():

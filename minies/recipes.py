@@ -231,10 +231,11 @@ def recipe_origins(names, algo, fields, task=None):
             if k in fields}
 
 
-def set_by_recipe(argv, recipes, cfg, algo_cfg):
-    """{setting: "recipe NAME"} for each setting whose value a recipe gave, where the command line gave none."""
-    typed, settings = typed_flags(argv), {**asdict(cfg), **asdict(algo_cfg)}
-    return {key: origin for key, origin in recipe_origins(recipes, cfg.algo, settings, cfg.task).items()
+def set_by_recipe(argv, recipes, algo, cfg, *more):
+    """{setting: "recipe NAME"} for each setting of `cfg` (and the configs `more`) whose value a recipe gave, where
+    the command line gave none."""
+    typed, settings = typed_flags(argv), {key: value for c in (cfg, *more) for key, value in asdict(c).items()}
+    return {key: origin for key, origin in recipe_origins(recipes, algo, settings, cfg.task).items()
             if key not in typed}
 
 
@@ -254,7 +255,7 @@ def naming_recipes(cfg, by_recipe):
 
 def length_origin(names, algo, task, default_task):
     """For --help, where --max-new-tokens' default (None) is the prompt style's and a recipe of `names` chose that
-    style: "8 for equation prompts (recipe smollm2)"; None otherwise. `task`: the one given (None: the recipes',
+    style: "8 for equation prompts, recipe smollm2"; None otherwise. `task`: the one given (None: the recipes',
     else `default_task`)."""
     from minies.tasks import TASKS
 
