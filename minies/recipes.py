@@ -51,6 +51,8 @@ TUNED = "tuned on the shipped model (docs/tuning.md)"
 QIU_DATA = os.path.join(os.path.dirname(__file__), "assets", "tiny-qiu", "countdown.json")
 
 SMOLLM2 = "calibrated on SmolLM2-135M-Instruct (docs/real-models.md)"
+# Where the SmolLM2 runs' times were measured (docs/results.md, section 5: each command run twice, its range).
+SMOLLM2_TIME = "100 steps and their evaluations took, on both cores of a 2-core CPU that other programs shared,"
 
 # What the shipped models were tuned with (docs/tuning.md), where it differs from the papers' values that the
 # flags default to: the three shipped recipes start from it.
@@ -165,20 +167,20 @@ RECIPES = {
         {"task": ("arithmetic", SMOLLM2),
          "prompt_style": ("equation", f"{SMOLLM2}: 0% of its instruct answers are in the answer tag; as equations "
                                       "it starts at pass@1 13%, pass@8 38%"),
-         "eval_problems": (200, f"{MINIES}: 200 held-out problems, ~25 s per evaluation on 2 cores"),
+         "eval_problems": (200, f"{MINIES}: 200 held-out problems, not all 500, to keep a CPU run's 10 evaluations short"),
          "final_samples": (8, f"{MINIES}: pass@1 and pass@8 before and after, as calibrated"),
          "eval_every": (10, f"{MINIES}: a curve of 10 points")},
-        {"es": {"prompts_per_step": (16, f"{MINIES}: 30 members × 16 prompts, 27 s a step on 2 cores (lowrank)"),
-                "steps": (100, f"{MINIES}: to finish within the hour on 2 cores")},
-         "grpo": {"prompts": (8, f"{MINIES}: 8 prompts × G=8, 6 s a step on 2 cores"),
+        {"es": {"prompts_per_step": (16, f"{MINIES}: 30 members × 16 prompts a step (lowrank)"),
+                "steps": (100, f"{MINIES}: {SMOLLM2_TIME} 49–56 min")},
+         "grpo": {"prompts": (8, f"{MINIES}: 8 prompts × G=8 a step"),
                   "group_size": (8, "3PO paper: G = 8 to 16"),
                   "lr": (1e-5, f"{MINIES}: Adam moves each weight ~1e-5 a step; 1e-6 would leave it near the start in 100 steps"),
-                  "steps": (100, f"{MINIES}: within ~20 minutes on 2 cores")},
-         **{algo: {"prompts": (8, f"{MINIES}: 8 prompts × G=8, 12 s a step on 2 cores"),
+                  "steps": (100, f"{MINIES}: {SMOLLM2_TIME} 22–25 min")},
+         **{algo: {"prompts": (8, f"{MINIES}: 8 prompts × G=8 a step"),
                    "group_size": (8, "3PO paper: G = 8 to 16"),
                    "clip_radius": (1e-2, f"{MINIES}: each weight moves at most lr·h0·1e-2 = 1e-5 a step, "
                                         "as GRPO's"),
-                   "steps": (100, f"{MINIES}: within ~30 minutes on 2 cores")}
+                   "steps": (100, f"{MINIES}: {SMOLLM2_TIME} 35–36 min with C3PO")}
             for algo in ("b3po", "m3po", "c3po")}}),
 }
 
