@@ -160,3 +160,14 @@ def test_eval_show_prompt_writes_out(tmp_path, model_dir, capsys):
     assert code == 0, message
     written = json.loads((tmp_path / "p.json").read_text())
     assert written["prompt"] == out.rstrip("\n") and written["tokens"] > 0 and written["task"] == "arithmetic"
+
+
+def test_train_prints_before_once_a_line_per_evaluation_and_the_pass_at_k_its_samples_allow(tmp_path, model_dir,
+                                                                                             capsys):
+    code, message = run_in_process("train.py", "--model", model_dir, "--steps", 3, "--out", tmp_path, "--population", 2,
+                                   "--prompts-per-step", 2, "--eval-problems", 2, "--final-samples", 8, "--eval-every", 1,
+                                   "--eval-samples", 2)
+    out = capsys.readouterr().out
+    assert code == 0, message
+    assert out.count("before: ") == 1 and out.count("after: ") == 1 and "pass@8 " in out and "pass@16" not in out
+    assert [line.split(":")[0] for line in out.splitlines() if "heldout_pass@1" in line] == ["step 1", "step 2"]
