@@ -41,8 +41,8 @@ CHECKS = {
     "seed": ("a number in [0, 2**32)", "an integer in [0, 4294967295]", lambda x: 0 <= x < 2**32),
     "temperature": ("a number in [0.01, 100]", "an integer in [1, 100]", lambda x: 0.01 <= x <= 100),
     "regex": ("a valid regular expression", "", None),
-    "nonempty": ("", "", None),
-    "text": ("", "", None),  # a message: UTF-8 text (argv carries other bytes as surrogates, which no tokenizer reads)  # a path or a name: '' would silently mean the default, or the current directory
+    "nonempty": ("", "", None),  # a path or a name: '' would silently mean the default, or the current directory
+    "text": ("", "", None),  # a message: UTF-8 text (argv carries other bytes as surrogates, which no tokenizer reads)
     "clip": ("a number in [0, 10]", "an integer in [0, 10]", lambda x: 0 <= x <= 10),  # of a ratio around 1
     # Task difficulty: no task takes more than 50 numbers (arithmetic's limit; countdown checks its own 2 to 6),
     # and no number more digits than an arithmetic answer may have (12: minies/tasks/arithmetic.py).

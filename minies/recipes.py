@@ -167,7 +167,8 @@ RECIPES = {
         {"task": ("arithmetic", SMOLLM2),
          "prompt_style": ("equation", f"{SMOLLM2}: 0% of its instruct answers are in the answer tag; as equations "
                                       "it starts at pass@1 13%, pass@8 38%"),
-         "eval_problems": (200, f"{MINIES}: 200 held-out problems, not all 500, to keep a CPU run's 10 evaluations short"),
+         "eval_problems": (200, f"{MINIES}: 200 held-out problems, not all 500, to keep a CPU run's 10 evaluations "
+                                "short"),
          "final_samples": (8, f"{MINIES}: pass@1 and pass@8 before and after, as calibrated"),
          "eval_every": (10, f"{MINIES}: a curve of 10 points")},
         {"es": {"prompts_per_step": (16, f"{MINIES}: 30 members × 16 prompts a step (lowrank)"),
