@@ -22,9 +22,10 @@ from minies.runtime import set_up_process
 from minies.config import ModelOptions, TaskOptions, add_arguments, checked, from_args, note_compile_decoding, option
 from minies.evaluate import evaluate
 from minies.models import default_device, default_model, load_config, load_model, load_tokenizer, position_notes
-from minies.recipes import own_recipe, recipe_defaults, recipe_origins, prompt_style_for
+from minies.recipes import naming_recipes, own_recipe, prompt_style_for, recipe_defaults, recipe_origins, set_by_recipe
 from minies.rollout import encode
 from minies.tasks import get_task
+from minies.tasks.fit import check_answer_room, check_system
 
 
 @dataclass
@@ -39,13 +40,19 @@ class EvalConfig(TaskOptions, ModelOptions):
     micro_batch: int = option(256, "sequences per generate call", check="count")
     lenient_answers: bool = option(False, "gsm8k: when a completion has no answer tag and no \\boxed{}, take its last "
                                    "number (training rewards never do)")
-    out: str = option(None, "also write the metrics to this JSON file", check="nonempty")
+    out: str = option(None, "also write the metrics to this JSON file (with --show-prompt: the prompt and its length)",
+                      check="nonempty")
     show_prompt: bool = option(False, "print the first held-out problem's prompt exactly as the model reads it "
                                "(special tokens, system message and template included) and its length in tokens, "
                                "then exit: loads the tokenizer, not the model")
 
 
 def parse_args(argv):
+    return parse(argv)[0]
+
+
+def parse(argv):
+    """(EvalConfig, the model's own recipe or None)."""
     pre = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
     for flag in ("--model", "--task"):
         pre.add_argument(flag)
@@ -54,15 +61,16 @@ def parse_args(argv):
     # The task-level settings of the model's own recipe (its prompt style, its task).
     own = own_recipe(known.model or default_model(known.task or EvalConfig.task))
     names = {f.name for f in dataclasses.fields(EvalConfig)}
-    add_arguments(ap, EvalConfig, "evaluation", recipe_origins([own], None, names))
-    ap.set_defaults(**recipe_defaults([own], None, names))
+    add_arguments(ap, EvalConfig, "evaluation", recipe_origins([own], None, names, known.task))
+    ap.set_defaults(**recipe_defaults([own], None, names, known.task))
     cfg = from_args(EvalConfig, ap.parse_args(argv))
     cfg.model = cfg.model or default_model(cfg.task)
-    return cfg
+    return cfg, own
 
 
 def main(argv=None):
-    cfg = parse_args(argv)
+    cfg, own = parse(argv)
+    by_recipe = set_by_recipe(argv, [own], None, cfg)
     check_thread_variable()
     set_up_process(default_device())  # every process-wide setting (threads, allocator, logging): minies/runtime
     note_compile_decoding(argv, cfg.compile_decoding, default_device())
@@ -73,22 +81,37 @@ def main(argv=None):
         if os.path.isdir(cfg.out) or cfg.out.endswith(("/", os.sep)):
             raise UserError(f"--out {cfg.out}: is a directory; give a file name")
         check_writable(os.path.dirname(cfg.out) or ".", "--out")
+        for flag, path in (("--data", cfg.data), ("--eval-data", cfg.eval_data)):
+            if path is not None and os.path.realpath(path) == os.path.realpath(cfg.out):
+                raise UserError(f"--out {cfg.out} is the {flag} file: the metrics would overwrite the problems; give "
+                                "another file name")
 
     if cfg.lenient_answers and cfg.task != "gsm8k":
         raise UserError(f"--lenient-answers: only --task gsm8k has a lenient reading; --task {cfg.task} reads "
                         "answers one way only, so drop it")
     model_config = load_config(cfg.model)
-    style = prompt_style_for(cfg.prompt_style, model_config)
-    task = get_task(cfg.task, seed=cfg.seed, data=cfg.data, prompt_style=style, max_new_tokens=cfg.max_new_tokens,
-                    lenient_answers=cfg.lenient_answers, eval_data=cfg.eval_data, train_problems=cfg.train_problems,
-                    reward=cfg.reward, system=cfg.system, numbers=cfg.numbers, low=cfg.low, high=cfg.high)
+    style = prompt_style_for(cfg.prompt_style, model_config, cfg.task)
+    with naming_recipes(cfg, by_recipe):
+        task = get_task(cfg.task, seed=cfg.seed, data=cfg.data, prompt_style=style, max_new_tokens=cfg.max_new_tokens,
+                        lenient_answers=cfg.lenient_answers, eval_data=cfg.eval_data,
+                        train_problems=cfg.train_problems, reward=cfg.reward, system=cfg.system, numbers=cfg.numbers,
+                        low=cfg.low, high=cfg.high)
     for note in task.notes + position_notes(model_config, task.max_new_tokens):
         print(f"note: {note}", file=sys.stderr)
     tok = load_tokenizer(cfg.model)
+    with naming_recipes(cfg, by_recipe):
+        for note in check_answer_room(task, tok):
+            print(f"note: {note}", file=sys.stderr)
+        check_system(task, tok, cfg.chat_template, cfg.system, getattr(model_config, "max_position_embeddings", None),
+                     task.max_new_tokens)
     if cfg.show_prompt:
         prompt = task.prompts(tok, task.test_problems(1), cfg.chat_template)[0]
+        length = len(encode(tok, [prompt])['input_ids'][0])
         print(prompt)
-        print(f"({len(encode(tok, [prompt])['input_ids'][0])} tokens: {style} prompt style, {cfg.task})", file=sys.stderr)
+        print(f"({length} tokens: {style} prompt style, {cfg.task})", file=sys.stderr)
+        if cfg.out:
+            write_json(cfg.out, {"model": cfg.model, "task": cfg.task, "prompt_style": style, "prompt": prompt,
+                                 "tokens": length})
         return
     model = load_model(cfg.model, cfg.dtype, cfg.load_in_8bit)
     metrics = evaluate(model, tok, task, task.test_problems(cfg.problems), n=cfg.n, ks=cfg.k,
@@ -100,10 +123,15 @@ def main(argv=None):
         if isinstance(value, float):
             print(f"  {key:<16} {value:.4f}")
     if cfg.out:
-        os.makedirs(os.path.dirname(cfg.out) or ".", exist_ok=True)
-        with open(cfg.out, "w") as f:
-            json.dump({"model": cfg.model, "task": cfg.task, "prompt_style": style, "reward": task.reward,
-                       "max_new_tokens": task.max_new_tokens, "temperature": cfg.temperature, **metrics}, f, indent=1)
+        write_json(cfg.out, {"model": cfg.model, "task": cfg.task, "prompt_style": style, "reward": task.reward,
+                             "max_new_tokens": task.max_new_tokens, "temperature": cfg.temperature, **metrics})
+
+
+def write_json(path, record):
+    """--out: `record` as a JSON file (with --show-prompt, the prompt and its length; else the metrics)."""
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    with open(path, "w") as f:
+        json.dump(record, f, indent=1)
 
 
 if __name__ == "__main__":

@@ -11,6 +11,7 @@ Every algorithm gets the same prompts, rewards, logging, checkpoints and evaluat
 algorithm itself lives in minies/<algo>.py and provides what minies/algorithm.py lists.
 """
 import argparse
+import contextlib
 import dataclasses
 import json
 import os
@@ -22,17 +23,19 @@ import torch
 from tqdm import tqdm
 
 from minies import ArgumentParser, UserError, check_thread_variable, check_writable, run_script
-from minies import typed_flags
 from minies.config import ModelOptions, TaskOptions, add_arguments, from_args, note_compile_decoding, option
 from minies.evaluate import evaluate
 from minies.models import default_device, default_model, load_config, load_model, load_tokenizer, position_notes
-from minies.recipes import RECIPES, own_recipe, prompt_style_for, recipe_defaults, recipe_origins
+from minies.recipes import RECIPES, naming_recipes, own_recipe, prompt_style_for, recipe_defaults, recipe_origins
+from minies.recipes import length_origin, set_by_recipe
 from minies.recipes import describe as describe_recipes
 from minies.runtime import checkpoint, distributed, set_up_process
 from minies.runtime.checkpoint import written
 from minies.runtime.guard import Diverged, check_weights, largest_weight
-from minies.runtime.resume import check_resumed_settings, checkpoint_to_resume, open_log, restore
+from minies.runtime.resume import check_resumed_settings, checkpoint_to_resume, input_digests, open_log, restore
+from minies.runtime.run_lock import run_directory_lock
 from minies.tasks import get_task
+from minies.tasks.fit import check_answer_room, check_system
 
 
 def algorithms():
@@ -66,8 +69,8 @@ class TrainConfig(TaskOptions, ModelOptions):
     eval_problems: int = option(None, "held-out problems for the evaluations (default: all of the test split: 500 "
                                 "generated, or every row of --eval-data)", check="count")
     eval_samples: int = option(4, "samples per problem for held-out pass@1 during training", check="count")
-    final_samples: int = option(16, "samples per problem for the before/after evaluation (pass@1, pass@16)",
-                                check="count")
+    final_samples: int = option(16, "samples per problem for the before/after evaluation (pass@1, and pass@k for k "
+                                "the samples up to 16: pass@16 from 16 samples, pass@8 from 8)", check="count")
     max_weight_growth: float = option(100.0, "stop the run, before it saves, when a weight's magnitude exceeds this "
                                       "many times the start model's largest (a diverging run; inf: never)",
                                       check="positive_or_inf")
@@ -91,18 +94,22 @@ def parse_args(argv):
     if algo not in table:
         raise UserError(f"--algo {algo}: unknown or not available; choose one of {', '.join(table)}")
     # The model a run loads (hence its own recipe) depends on the task, which --recipe may name.
-    task = known.task or (recipe.settings(algo).get("task") if recipe else None) or TrainConfig.task
-    recipes = [own_recipe(known.model or default_model(task)), known.recipe]
+    # A recipe's task-level values (its prompt style, ...) apply only with its task (Recipe.settings): the task
+    # given, else --recipe's, else each recipe's own.
+    chosen_task = known.task or (recipe.settings(algo).get("task") if recipe else None)
+    recipes = [own_recipe(known.model or default_model(chosen_task or TrainConfig.task)), known.recipe]
     parser = ArgumentParser(description=__doc__, epilog="recipes (--recipe NAME):\n" + describe_recipes(),
                             formatter_class=argparse.RawDescriptionHelpFormatter)
     config_class, algorithm = table[algo]
     module = f"minies/{algorithm.__module__.split('.')[-1]}.py"
     names = {f.name for config in (TrainConfig, config_class) for f in dataclasses.fields(config)}
-    origins = {"steps": f"{module}: {algorithm.__name__}.default_steps", **recipe_origins(recipes, algo, names)}
+    origins = {"steps": f"{module}: {algorithm.__name__}.default_steps",
+               "max_new_tokens": length_origin(recipes, algo, chosen_task, TrainConfig.task),
+               **recipe_origins(recipes, algo, names, chosen_task)}
     add_arguments(parser, TrainConfig, "training", origins)
     add_arguments(parser, config_class, f"{algo} (see {module})", origins)
     parser.set_defaults(algo=algo, steps=algorithm.default_steps)
-    parser.set_defaults(**recipe_defaults(recipes, algo, names))
+    parser.set_defaults(**recipe_defaults(recipes, algo, names, chosen_task))
     args = parser.parse_args(argv)
     args.model = args.model or default_model(args.task)  # resolved here, so config.json records the path
     applied = list(dict.fromkeys(name for name in recipes if name))  # --recipe tiny on the tiny model: once
@@ -114,14 +121,14 @@ def print_settings(argv, names, cfg, algo_cfg):
     on the command line shows its own value); then a note for a flag given that does nothing here."""
     values = {**dataclasses.asdict(cfg), **dataclasses.asdict(algo_cfg)}
     for name in names:
-        keys = [k for k in RECIPES[name].settings(cfg.algo) if k in values]
+        keys = [k for k in RECIPES[name].settings(cfg.algo, cfg.task) if k in values]
         print(f"recipe {name}: " + ", ".join(f"--{k.replace('_', '-')} {values[k]}" for k in keys))
     note_compile_decoding(argv, cfg.compile_decoding, default_device())
 
 
 def heldout(model, tok, task, cfg, n, progress=False):
     model.eval()
-    return evaluate(model, tok, task, task.test_problems(cfg.eval_problems), n=n, ks=[k for k in (1, 16) if k <= n],
+    return evaluate(model, tok, task, task.test_problems(cfg.eval_problems), n=n, ks=sorted({1, min(n, 16)}),
                     seed=cfg.seed, chat_template=cfg.chat_template, compile_decoding=cfg.compile_decoding,
                     progress=progress)
 
@@ -137,18 +144,33 @@ def main(argv=None):
     set_up_process(default_device())  # every process-wide setting (threads, allocator, logging): minies/runtime
     distributed.init()
     main_rank = distributed.is_main()
-    by_recipe = set_by_recipe(argv, recipes, cfg, algo_cfg)
+    by_recipe = set_by_recipe(argv, recipes, cfg.algo, cfg, algo_cfg)
     if main_rank:
         print_settings(argv, recipes, cfg, algo_cfg)
     check_run_name(cfg.run_name)
     model_config = load_config(cfg.model)  # a missing model is named before anything about its run
     run_dir = os.path.join(cfg.out, cfg.run_name or f"{cfg.algo}-{cfg.task}-seed{cfg.seed}")
     check_writable(run_dir, "--out")
+    with run_directory_lock(run_dir) if main_rank else contextlib.nullcontext():  # before anything is written
+        train(cfg, algo_cfg, Algorithm, recipes, by_recipe, model_config, run_dir, main_rank)
+    distributed.close()
+
+
+def train(cfg, algo_cfg, Algorithm, recipes, by_recipe, model_config, run_dir, main_rank):
+    """The run in `run_dir`, new or resumed, to its summary."""
+    inputs = input_digests(cfg)  # of the files as the run starts reading them
     resume_from, state = checkpoint_to_resume(run_dir, cfg, by_recipe, main_rank)
 
     torch.manual_seed(cfg.seed)
-    task = make_task(cfg, model_config, main_rank)
+    task = make_task(cfg, model_config, main_rank, by_recipe)
     tok = load_tokenizer(cfg.model)
+    with naming_recipes(cfg, by_recipe):
+        notes = check_answer_room(task, tok)
+        check_system(task, tok, cfg.chat_template, cfg.system, getattr(model_config, "max_position_embeddings", None),
+                     task.max_new_tokens)
+    if main_rank:
+        for note in notes:
+            print(f"note: {note}", file=sys.stderr)
     # --resume starts again from the start model too: the training state holds the trained weights (ES's masters,
     # GRPO's weights or adapters), and the model a checkpoint holds (merged, dequantized) is for eval.py.
     model = load_model(cfg.model, cfg.dtype, cfg.load_in_8bit)
@@ -156,13 +178,14 @@ def main(argv=None):
     weight_bound = cfg.max_weight_growth * largest_weight(model)  # of the start model, also when resuming
 
     if resume_from:
-        check_resumed_settings(run_dir, cfg, algo_cfg, by_recipe)  # every setting resolved, before anything is restored
+        # Every setting resolved, before anything is restored.
+        check_resumed_settings(run_dir, cfg, algo_cfg, by_recipe, inputs, task.difficulty)
         start_step, tokens, before = restore(state, algo)
     else:
         start_step, tokens = 0, 0
         before = heldout(model, tok, task, cfg, cfg.final_samples, main_rank)
         if main_rank:
-            write_config(run_dir, cfg, algo_cfg, recipes)
+            write_config(run_dir, cfg, algo_cfg, recipes, inputs)
             print("before: " + _fmt(before))
     log = open_log(run_dir, start_step, resume_from) if main_rank else None
 
@@ -179,6 +202,8 @@ def main(argv=None):
         if cfg.eval_every and (step + 1) % cfg.eval_every == 0 and step + 1 < cfg.steps:
             metrics = heldout(model, tok, task, cfg, cfg.eval_samples)
             row.update({key: metrics[name] for key, name in HELDOUT_LOGGED.items()})
+            if main_rank:  # one line each, above the step bar
+                bar.write(f"step {step + 1}: " + _fmt({key: row[key] for key in HELDOUT_LOGGED}))
         if main_rank:
             append_row(log, row)
             bar.set_postfix(reward=f"{stats.get('reward_mean', 0):.3f}")
@@ -189,8 +214,7 @@ def main(argv=None):
     after = heldout(model, tok, task, cfg, before["n"], main_rank)
     if main_rank:
         log.close()
-        write_summary(run_dir, before, after, tokens, tied_steps, cfg.steps - start_step)
-    distributed.close()
+        write_summary(run_dir, before, after, tokens, tied_steps, cfg.steps - start_step, bool(resume_from))
 
 
 def check_run_name(run_name):
@@ -200,19 +224,14 @@ def check_run_name(run_name):
                         "--out (no '..', '.', leading '/')")
 
 
-def set_by_recipe(argv, recipes, cfg, algo_cfg):
-    """{setting: "recipe NAME"} for each setting whose value a recipe gave, where the command line gave none."""
-    typed, settings = typed_flags(argv), {**asdict(cfg), **asdict(algo_cfg)}
-    return {key: origin for key, origin in recipe_origins(recipes, cfg.algo, settings).items() if key not in typed}
-
-
-def make_task(cfg, model_config, main_rank):
+def make_task(cfg, model_config, main_rank, by_recipe):
     """The task, with the prompt style, reward and generation length resolved into `cfg` (config.json records
     them), and its notes printed."""
-    cfg.prompt_style = prompt_style_for(cfg.prompt_style, model_config)
-    task = get_task(cfg.task, seed=cfg.seed, data=cfg.data, prompt_style=cfg.prompt_style,
-                    max_new_tokens=cfg.max_new_tokens, eval_data=cfg.eval_data, train_problems=cfg.train_problems,
-                    reward=cfg.reward, system=cfg.system, numbers=cfg.numbers, low=cfg.low, high=cfg.high)
+    cfg.prompt_style = prompt_style_for(cfg.prompt_style, model_config, cfg.task)
+    with naming_recipes(cfg, by_recipe):
+        task = get_task(cfg.task, seed=cfg.seed, data=cfg.data, prompt_style=cfg.prompt_style,
+                        max_new_tokens=cfg.max_new_tokens, eval_data=cfg.eval_data, train_problems=cfg.train_problems,
+                        reward=cfg.reward, system=cfg.system, numbers=cfg.numbers, low=cfg.low, high=cfg.high)
     if cfg.data is None and task.needs_data:
         raise UserError(task.data_help)
     cfg.max_new_tokens, cfg.reward = task.max_new_tokens, task.reward
@@ -222,10 +241,12 @@ def make_task(cfg, model_config, main_rank):
     return task
 
 
-def write_config(run_dir, cfg, algo_cfg, recipes):
+def write_config(run_dir, cfg, algo_cfg, recipes, inputs):
+    """config.json: every setting as resolved, the recipes applied, and the sha256 of each file the run reads."""
     os.makedirs(run_dir, exist_ok=True)
     with written(os.path.join(run_dir, "config.json")) as f:
-        json.dump({"train": asdict(cfg), cfg.algo: asdict(algo_cfg), "recipes": recipes}, f, indent=1)
+        json.dump({"train": asdict(cfg), cfg.algo: asdict(algo_cfg), "recipes": recipes, "inputs": inputs}, f,
+                  indent=1)
 
 
 def guarded_step(algo, task, step_seed, step, model, weight_bound):
@@ -252,10 +273,12 @@ def append_row(log, row):
         f.flush()
 
 
-def write_summary(run_dir, before, after, tokens, tied_steps, steps_run):
+def write_summary(run_dir, before, after, tokens, tied_steps, steps_run, resumed):
+    """summary.json, and the `after:` line (beside `before:` for a resumed run, which printed none at its start)."""
     with written(os.path.join(run_dir, "summary.json")) as f:
         json.dump({"before": before, "after": after, "tokens": tokens}, f, indent=1)
-    print("before: " + _fmt(before))
+    if resumed:
+        print("before: " + _fmt(before))
     print("after:  " + _fmt(after))
     if tied_steps and tied_steps == steps_run:
         print(f"note: every member tied at every one of the {tied_steps} steps run: ES had no difference to "

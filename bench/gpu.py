@@ -36,14 +36,18 @@ from minies import ArgumentParser, run_script
 from minies.config import add_arguments, from_args, option
 from minies.es import ES, ESConfig, member_seeds
 from minies.models import default_device, load_model, load_tokenizer, model_device
+from minies.recipes import QIU_DATA
 from minies.runtime import decoding, set_up_process
 from minies.rollout import generate
 from minies.tasks import get_task
 
 # The train.py flags of every run, in one place to adjust. --params '.*': ES perturbs every tensor,
-# int8 ones included, so the whole write path runs (the default regex suits the shipped model only).
-COMMON = ["--task", "countdown", "--eval-problems", "8", "--final-samples", "1", "--eval-every", "0",
-          "--save-every", "1000"]
+# int8 ones included, so the whole write path runs (the default regex suits the shipped model only). The
+# problems are a data file's, asked as instruct prompts: train.py refuses generated problems whose answers do
+# not fit --max-new-tokens, and --toy's few tokens are for speed, not for answers (rows that cannot fit are
+# only noted).
+COMMON = ["--task", "countdown", "--data", QIU_DATA, "--prompt-style", "instruct", "--eval-problems", "8",
+          "--final-samples", "1", "--eval-every", "0", "--save-every", "1000"]
 # ES scores 8 members on --prompts prompts; GRPO and 3PO sample groups of 4 for half as many prompts.
 ES_FLAGS = ["--algo", "es", "--population", "8", "--params", ".*"]
 GRPO_FLAGS = ["--group-size", "4"]

@@ -358,7 +358,8 @@ def other_cases():
     yield runs("train grpo: --dtype bfloat16", "train.py", [*grpo, "--dtype", "bfloat16"])
     yield runs("train: --load-in-8bit on a CPU", "train.py", [*es, "--load-in-8bit"],
                "README: ES perturbs 8-bit weights directly; bitsandbytes runs on a CPU")
-    yield runs("train: --max-new-tokens 1", "train.py", [*es, "--max-new-tokens", "1"])
+    yield refuse("train: --max-new-tokens 1", "train.py", [*es, "--max-new-tokens", "1"], "--max-new-tokens 1",
+                 "no answer fits in one token: every completion would be cut off and score 0")
     yield runs("train: --train-problems 1", "train.py", [*es, "--train-problems", "1"])
     yield refuse("train: --task countdown --numbers 7", "train.py", [*es, "--task", "countdown", "--numbers", "7"],
                  "--numbers")
@@ -405,7 +406,9 @@ def other_cases():
 
 
 def cases():
+    from bench.hostile_run_cases import run_cases  # which builds on this module's helpers
+
     return [*sweep_cases(), *model_cases("train.py", TINY_ES), *model_cases("eval.py", SMALL_EVAL), *data_cases(),
-            *resume_cases(), *other_cases()]
+            *resume_cases(), *other_cases(), *run_cases()]
 
 

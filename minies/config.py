@@ -42,6 +42,7 @@ CHECKS = {
     "temperature": ("a number in [0.01, 100]", "an integer in [1, 100]", lambda x: 0.01 <= x <= 100),
     "regex": ("a valid regular expression", "", None),
     "nonempty": ("", "", None),  # a path or a name: '' would silently mean the default, or the current directory
+    "text": ("", "", None),  # a message: UTF-8 text (argv carries other bytes as surrogates, which no tokenizer reads)
     "clip": ("a number in [0, 10]", "an integer in [0, 10]", lambda x: 0 <= x <= 10),  # of a ratio around 1
     # Task difficulty: no task takes more than 50 numbers (arithmetic's limit; countdown checks its own 2 to 6),
     # and no number more digits than an arithmetic answer may have (12: minies/tasks/arithmetic.py).
@@ -61,6 +62,11 @@ def checked(kind, check):
         if check == "nonempty":
             if not text.strip():
                 raise argparse.ArgumentTypeError("empty; give a name or a path")
+            return text
+        if check == "text":
+            undecoded = [ord(c) - 0xDC00 for c in text if 0xDC80 <= ord(c) <= 0xDCFF]  # Python's surrogateescape
+            if undecoded:
+                raise argparse.ArgumentTypeError(f"not UTF-8 text (byte 0x{undecoded[0]:02x} is not UTF-8); give text")
             return text
         if check == "regex":
             try:
@@ -108,8 +114,10 @@ def add_arguments(parser, config_class, title=None, origins=None):
 def default_text(f, origin):
     """" (default: VALUE; ORIGIN)" for --help; VALUE is filled in by argparse when it prints (%(default)s), so
     that a default set later (set_defaults) shows. Lists print as they are typed, space-separated."""
-    if f.default is None and "default" in f.metadata["help"]:
-        return ""  # the help text says what None means
+    if f.default is None and "default" in f.metadata["help"]:  # the help text says what None means
+        # ... unless a recipe sets a value, or decides the one None stands for (its prompt style's length).
+        return "" if origin is None else f" (here: %(default)s, {origin})" if origin.startswith("recipe") else \
+            f" (here: {origin})"
     value = " ".join(map(str, f.default)) if isinstance(f.default, (list, tuple)) else "%(default)s"
     return f" (default: {value}{'; ' + origin if origin else ''})"
 
@@ -151,7 +159,7 @@ class TaskOptions:
                                "instruct", choices=["auto", *ALL_PROMPT_STYLES])
     system: str = option(None, "the system message of chat-templated prompts (default: the prompt style's own: "
                          "instruct 'You are a helpful assistant.', tinyzero TinyZero's, terse none, so that no "
-                         "model adds its own identity prompt); eval.py --show-prompt prints the result")
+                         "model adds its own identity prompt); eval.py --show-prompt prints the result", check="text")
     reward: str = option("auto", "reward scheme: minies (1 correct + 0.1 for a readable answer); qiu, tinyzero "
                          "(countdown): the papers' own (docs/papers.md); auto: the prompt style's own",
                          choices=["auto", *REWARDS])

@@ -13,7 +13,8 @@ bfloat16. So the directory holds 4 bytes per weight, several times the file's si
 
 The cache: <root>/gguf/<file stem>-<hash of the file's real path, size and modification time>, where <root>
 is $MINIES_CACHE, else $XDG_CACHE_HOME/minies, else ~/.cache/minies. An edited or moved file is converted
-anew; deleting a directory, or the whole root, is always safe (what is needed again is converted again).
+anew, and the copies of its earlier versions are removed then (each directory names its source file in
+minies_source.json); deleting a directory, or the whole root, is always safe (what is needed again is converted again).
 A conversion is written to `<name>.partial` and renamed into place at the end, so a kill leaves nothing that
 looks complete, and it runs under a lock on the cache directory, so processes started together (torchrun)
 convert the file once: the others wait, then read the result.
@@ -22,6 +23,7 @@ import contextlib
 import fcntl
 import hashlib
 import importlib.util
+import json
 import os
 import shutil
 import sys
@@ -104,7 +106,38 @@ def convert_gguf(path):
     with _locked(os.path.dirname(target)):
         if not os.path.isdir(target):  # another process may have converted it while this one waited
             _convert(path, target)
+            _remove_older_copies(target)
     return target
+
+
+SOURCE_FILE = "minies_source.json"  # in a converted directory: the real path of the GGUF file it came from
+
+
+def _remove_older_copies(target):
+    """Delete the other converted copies of the GGUF file `target` was converted from: the file was edited or
+    touched since (its key changed), and each copy holds hundreds of MB."""
+    def source(directory):
+        try:
+            with open(os.path.join(directory, SOURCE_FILE)) as f:
+                return json.load(f).get("path")
+        except (OSError, ValueError, AttributeError):
+            return None  # converted before copies named their source, or not a copy: left alone
+
+    root, mine = os.path.dirname(target), source(target)
+    for name in os.listdir(root):
+        other = os.path.join(root, name)
+        if other != target and os.path.isdir(other) and mine is not None and source(other) == mine:
+            shutil.rmtree(other, ignore_errors=True)
+            print(f"removed {other}, the copy of {mine} before it changed", file=sys.stderr, flush=True)
+
+
+def damaged_copy_hint(name):
+    """For a model that loads from a converted GGUF copy: what to do when the copy does not load ("" else)."""
+    with contextlib.suppress(UserError):
+        copy = cached_gguf(packaged_file(name)) if is_gguf(packaged_file(name)) else None
+        if copy is not None:
+            return f"; its converted copy {copy} may be damaged: delete that directory to convert the file again"
+    return ""
 
 
 def _check_file(path):
@@ -137,6 +170,8 @@ def _convert(path, target):
     try:
         model.save_pretrained(partial)
         tokenizer.save_pretrained(partial)
+        with open(os.path.join(partial, SOURCE_FILE), "w") as f:
+            json.dump({"path": os.path.realpath(os.path.expanduser(path))}, f)
         os.rename(partial, target)
     except (OSError, RuntimeError, SafetensorError) as e:  # a full disk, a file-size limit, no permission
         megabytes = round(sum(p.numel() * p.element_size() for p in model.parameters()) / 1e6)

@@ -8,7 +8,7 @@ import sys
 import torch
 
 from minies import UserError
-from minies.gguf import convert_gguf, is_gguf, packaged_file
+from minies.gguf import convert_gguf, damaged_copy_hint, is_gguf, packaged_file
 
 SHIPPED_MODEL = os.path.join(os.path.dirname(__file__), "assets", "tiny")
 # The shipped model trained on each task (docs/tiny-model.md); any other task uses SHIPPED_MODEL.
@@ -31,7 +31,8 @@ def load_config(name=SHIPPED_MODEL):
     try:
         return AutoConfig.from_pretrained(path)
     except Exception as e:  # network, missing files, bad id: one line for the user
-        raise UserError(f"--model {name}: cannot load its config ({type(e).__name__}: {str(e).splitlines()[0]})")
+        raise UserError(f"--model {name}: cannot load its config ({type(e).__name__}: {str(e).splitlines()[0]})"
+                        f"{damaged_copy_hint(name)}")
 
 
 def position_notes(config, max_new_tokens):
@@ -56,8 +57,8 @@ def note_long_prompts(model, width, max_new_tokens):
     if positions and max_new_tokens < positions < width + max_new_tokens and id(model) not in NOTED:
         NOTED.add(id(model))
         print(f"note: a prompt of {width} tokens with {max_new_tokens} new ones runs past the {positions} positions "
-              "the model was trained on: its steps slow down, and it generates from positions it never saw; "
-              "shorten the long rows of --data", file=sys.stderr)
+              "the model was trained on: its steps slow down, and it generates from positions it never saw; shorten "
+              "what makes prompts long (rows of --data, --system, the numbers of generated problems)", file=sys.stderr)
 
 
 def default_device():
@@ -102,7 +103,8 @@ def load_tokenizer(name=SHIPPED_MODEL):
     try:
         tok = (PreTrainedTokenizerFast if plain else AutoTokenizer).from_pretrained(path)
     except Exception as e:  # network, missing files, bad id: one line for the user
-        raise UserError(f"--model {name}: cannot load its tokenizer ({type(e).__name__}: {str(e).splitlines()[0]})")
+        raise UserError(f"--model {name}: cannot load its tokenizer ({type(e).__name__}: {str(e).splitlines()[0]})"
+                        f"{damaged_copy_hint(name)}")
     tok.padding_side = "left"
     if tok.pad_token is None:
         tok.pad_token = tok.eos_token
@@ -128,7 +130,8 @@ def load_model(name=SHIPPED_MODEL, dtype="float32", load_in_8bit=False, device=N
     try:
         model, info = AutoModelForCausalLM.from_pretrained(path, output_loading_info=True, **kwargs)
     except Exception as e:
-        raise UserError(f"--model {name}: cannot load it ({type(e).__name__}: {str(e).splitlines()[0]})")
+        raise UserError(f"--model {name}: cannot load it ({type(e).__name__}: {str(e).splitlines()[0]})"
+                        f"{damaged_copy_hint(name)}")
     check_loaded(name, info)
     if not load_in_8bit:
         model.to(device)
@@ -165,7 +168,7 @@ def check_loaded(name, info):
     found = [f"{what} {len(keys)} weight(s) ({', '.join(map(str, keys[:3]))})" for what, keys in problems.items() if keys]
     if found:
         raise UserError(f"--model {name}: its weights do not fit its architecture: it {'; it '.join(found)}; the "
-                        "file is damaged or from another model")
+                        f"file is damaged or from another model{damaged_copy_hint(name)}")
 
 
 def model_device(model):

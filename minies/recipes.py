@@ -10,11 +10,12 @@ Defaults, weakest first: the flags' own (the dataclasses'), the model's recipe, 
 command line win over all. A recipe sets --algo to its first algorithm; values for flags an algorithm does not
 have are skipped. config.json records the values a run actually used, and train.py prints a recipe's.
 """
+import contextlib
 import os
 import textwrap
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 
-from minies import UserError
+from minies import UserError, typed_flags
 from minies.gguf import cached_gguf, is_gguf, packaged_file, packaged_recipe
 from minies.models import load_config
 
@@ -29,9 +30,17 @@ class Recipe:
     values: dict  # flag (field) name -> (value, where the value comes from)
     per_algo: dict = field(default_factory=dict)  # algorithm -> {flag: (value, source)}, over `values`
 
-    def settings(self, algo):
-        """{flag: value} of this recipe for `algo`."""
-        return {name: value for name, (value, _) in {**self.values, **self.per_algo.get(algo, {})}.items()}
+    def settings(self, algo, task=None):
+        """{flag: value} of this recipe for `algo`; for a `task` (None: the recipe's own) other than the one the
+        recipe names, without its task-level values (TASK_LEVEL), which would ask one task's prompts of another."""
+        values = {**self.values, **self.per_algo.get(algo, {})}
+        if task is not None and values.get("task", (task,))[0] != task:
+            values = {name: value for name, value in values.items() if name not in TASK_LEVEL}
+        return {name: value for name, (value, _) in values.items()}
+
+
+# The settings that belong to a recipe's task: with --task another, the flags' own defaults apply instead.
+TASK_LEVEL = {"task", "prompt_style", "reward", "data", "train_problems", "max_new_tokens", "eval_problems"}
 
 
 QIU = "Qiu et al. 2025, countdown/"
@@ -42,6 +51,8 @@ TUNED = "tuned on the shipped model (docs/tuning.md)"
 QIU_DATA = os.path.join(os.path.dirname(__file__), "assets", "tiny-qiu", "countdown.json")
 
 SMOLLM2 = "calibrated on SmolLM2-135M-Instruct (docs/real-models.md)"
+# Where the SmolLM2 runs' times were measured (docs/results.md, section 5: each command run twice, its range).
+SMOLLM2_TIME = "100 steps and their evaluations took, on both cores of a 2-core CPU that other programs shared,"
 
 # What the shipped models were tuned with (docs/tuning.md), where it differs from the papers' values that the
 # flags default to: the three shipped recipes start from it.
@@ -156,31 +167,34 @@ RECIPES = {
         {"task": ("arithmetic", SMOLLM2),
          "prompt_style": ("equation", f"{SMOLLM2}: 0% of its instruct answers are in the answer tag; as equations "
                                       "it starts at pass@1 13%, pass@8 38%"),
-         "eval_problems": (200, f"{MINIES}: 200 held-out problems, ~25 s per evaluation on 2 cores"),
+         "eval_problems": (200, f"{MINIES}: 200 held-out problems, not all 500, to keep a CPU run's 10 evaluations "
+                                "short"),
          "final_samples": (8, f"{MINIES}: pass@1 and pass@8 before and after, as calibrated"),
          "eval_every": (10, f"{MINIES}: a curve of 10 points")},
-        {"es": {"prompts_per_step": (16, f"{MINIES}: 30 members × 16 prompts, 27 s a step on 2 cores (lowrank)"),
-                "steps": (100, f"{MINIES}: to finish within the hour on 2 cores")},
-         "grpo": {"prompts": (8, f"{MINIES}: 8 prompts × G=8, 6 s a step on 2 cores"),
+        {"es": {"prompts_per_step": (16, f"{MINIES}: 30 members × 16 prompts a step (lowrank)"),
+                "steps": (100, f"{MINIES}: {SMOLLM2_TIME} 49–56 min")},
+         "grpo": {"prompts": (8, f"{MINIES}: 8 prompts × G=8 a step"),
                   "group_size": (8, "3PO paper: G = 8 to 16"),
                   "lr": (1e-5, f"{MINIES}: Adam moves each weight ~1e-5 a step; 1e-6 would leave it near the start in 100 steps"),
-                  "steps": (100, f"{MINIES}: within ~20 minutes on 2 cores")},
-         **{algo: {"prompts": (8, f"{MINIES}: 8 prompts × G=8, 12 s a step on 2 cores"),
+                  "steps": (100, f"{MINIES}: {SMOLLM2_TIME} 22–25 min")},
+         **{algo: {"prompts": (8, f"{MINIES}: 8 prompts × G=8 a step"),
                    "group_size": (8, "3PO paper: G = 8 to 16"),
                    "clip_radius": (1e-2, f"{MINIES}: each weight moves at most lr·h0·1e-2 = 1e-5 a step, "
                                         "as GRPO's"),
-                   "steps": (100, f"{MINIES}: within ~30 minutes on 2 cores")}
+                   "steps": (100, f"{MINIES}: {SMOLLM2_TIME} 35–36 min with C3PO")}
             for algo in ("b3po", "m3po", "c3po")}}),
 }
 
 
-def prompt_style_for(style, config):
+def prompt_style_for(style, config, task=None):
     """`style` itself, or for "auto" the prompt style of the recipe the model names for itself (`minies_recipe` in
-    its config.json: RECIPES above), else "instruct", the style of any instruction-tuned model."""
+    its config.json: RECIPES above) when it is for `task` (None: any), else "instruct", the style of any
+    instruction-tuned model."""
     if style != "auto":
         return style
     recipe = RECIPES.get(getattr(config, "minies_recipe", None))
-    return recipe.values["prompt_style"][0] if recipe and "prompt_style" in recipe.values else "instruct"
+    settings = recipe.settings(None, task) if recipe else {}
+    return settings.get("prompt_style", "instruct")
 
 
 def own_recipe(model):
@@ -205,18 +219,55 @@ def own_recipe(model):
     return name
 
 
-def recipe_defaults(names, algo, fields):
+def recipe_defaults(names, algo, fields, task=None):
     """The defaults that the recipes `names` (weakest first; None skipped) set for `algo` (None: the values for
-    every algorithm only), restricted to the flags in `fields`."""
+    every algorithm only) and `task` (Recipe.settings), restricted to the flags in `fields`."""
     out = {}
     for name in filter(None, names):
-        out.update({k: v for k, v in RECIPES[name].settings(algo).items() if k in fields})
+        out.update({k: v for k, v in RECIPES[name].settings(algo, task).items() if k in fields})
     return out
 
 
-def recipe_origins(names, algo, fields):
+def recipe_origins(names, algo, fields, task=None):
     """{flag: "recipe NAME"} for the flags in `fields` whose default a recipe of `names` sets (the strongest)."""
-    return {k: f"recipe {name}" for name in filter(None, names) for k in RECIPES[name].settings(algo) if k in fields}
+    return {k: f"recipe {name}" for name in filter(None, names) for k in RECIPES[name].settings(algo, task)
+            if k in fields}
+
+
+def set_by_recipe(argv, recipes, algo, cfg, *more):
+    """{setting: "recipe NAME"} for each setting of `cfg` (and the configs `more`) whose value a recipe gave, where
+    the command line gave none."""
+    typed, settings = typed_flags(argv), {key: value for c in (cfg, *more) for key, value in asdict(c).items()}
+    return {key: origin for key, origin in recipe_origins(recipes, algo, settings, cfg.task).items()
+            if key not in typed}
+
+
+@contextlib.contextmanager
+def naming_recipes(cfg, by_recipe):
+    """A UserError raised in the block, with "(from recipe NAME)" after each flag it names that a recipe set:
+    the user typed no such flag, and the recipe is what to change."""
+    try:
+        yield
+    except UserError as e:
+        message = str(e)
+        for key, origin in by_recipe.items():
+            given = f"--{key.replace('_', '-')} {getattr(cfg, key, None)}"
+            message = message.replace(given, f"{given} (from {origin})", 1)
+        raise UserError(message) from None
+
+
+def length_origin(names, algo, task, default_task):
+    """For --help, where --max-new-tokens' default (None) is the prompt style's and a recipe of `names` chose that
+    style: "8 for equation prompts, recipe smollm2"; None otherwise. `task`: the one given (None: the recipes',
+    else `default_task`)."""
+    from minies.tasks import TASKS
+
+    chosen = recipe_defaults(names, algo, {"task", "prompt_style", "max_new_tokens"}, task)
+    style, task_class = chosen.get("prompt_style"), TASKS.get(task or chosen.get("task") or default_task)
+    if "max_new_tokens" in chosen or task_class is None or style not in task_class.default_max_new_tokens:
+        return None
+    origin = recipe_origins(names, algo, {"prompt_style"}, task)["prompt_style"]
+    return f"{task_class.default_max_new_tokens[style]} for {style} prompts, {origin}"
 
 
 def describe():

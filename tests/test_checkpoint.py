@@ -102,6 +102,14 @@ def test_keep_prunes_old_checkpoints(tmp_path, model, tokenizer):
     assert [e for e in _entries(run) if e.startswith("step-")] == ["step-000008"]
 
 
+def test_keep_prunes_by_number_past_six_digits(tmp_path, model, tokenizer):
+    """step-1000000 is newer than step-999999, though it sorts before it as text."""
+    run = str(tmp_path)
+    for step in (999_999, 1_000_000, 1_000_001):
+        checkpoint.save(run, step, model, tokenizer, {}, keep=2)
+    assert [e for e in _entries(run) if e.startswith("step-")] == ["step-1000000", "step-1000001"]
+
+
 def test_rng_state_is_restored(tmp_path, model, tokenizer):
     random.seed(1)
     np.random.seed(2)

@@ -115,6 +115,15 @@ def test_second_load_reuses_the_cache(tiny_gguf, cache, capsys):
     assert capsys.readouterr().err == "" and os.stat(weights).st_mtime_ns == written
     os.utime(tiny_gguf, ns=(written, written + 10**9))  # a changed file is converted anew
     assert convert_gguf(tiny_gguf) != target and "converting" in capsys.readouterr().err
+    assert not os.path.exists(target) and os.listdir(cache / "gguf") == [os.path.basename(cache_dir(tiny_gguf))]
+
+
+def test_a_damaged_conversion_says_to_delete_it(tiny_gguf, cache):
+    target = convert_gguf(tiny_gguf)
+    with open(os.path.join(target, "model.safetensors"), "r+b") as f:
+        f.truncate(100)
+    with pytest.raises(UserError, match=f"its converted copy {target} may be damaged: delete that directory"):
+        load_model(tiny_gguf, device="cpu")
 
 
 def test_cache_location(tmp_path, monkeypatch):

@@ -10,7 +10,7 @@ from conftest import REPO, run_in_process
 from minies import UserError
 from minies.es import ES, ESConfig
 from minies.models import load_config, load_model, load_tokenizer
-from minies.recipes import prompt_style_for, RECIPES, table
+from minies.recipes import RECIPES, naming_recipes, prompt_style_for, table
 from minies.tasks import Arithmetic
 
 
@@ -140,11 +140,12 @@ def test_config_json_records_resolved_values(tmp_path, model_dir, capsys):
                                    "--eval-problems", 2, "--final-samples", 1, "--eval-every", 0, "--out", tmp_path)
     captured = capsys.readouterr()
     assert code == 0, captured.err + message
-    # The recipes applied, weakest first, each with the values the run resolved (the command line's win).
+    # The recipes applied, weakest first, each with the values the run resolved (the command line's win);
+    # qiu2025's task-level values (its task, prompt style, reward, ...) are for Countdown only.
     assert captured.out.startswith("recipe tiny: --prompt-style terse, --population 2, --sigma 0.001, --alpha 0.0005, "
                                    "--prompts-per-step 2, --antithetic False, --normalize zscore, --steps 1, --params "
                                    ".*, --mode inplace\n"
-                                   "recipe qiu2025: --task arithmetic, --prompt-style terse, --reward minies")
+                                   "recipe qiu2025: --prompts-per-step 2, --population 2, --sigma 0.001")
     config = json.loads((tmp_path / "es-arithmetic-seed0" / "config.json").read_text())
     assert config["recipes"] == ["tiny", "qiu2025"] and config["train"]["recipe"] == "qiu2025"
     assert (config["train"]["prompt_style"], config["train"]["reward"], config["train"]["train_problems"]) == (
@@ -280,3 +281,18 @@ def test_docs_list_the_papers_defaults():
     configs = train.algorithms()
     rows = defaults_table({"es": configs["es"][0], "grpo": configs["grpo"][0], "b3po, m3po, c3po": configs["c3po"][0]})
     assert rows.count("\n") >= 20 and rows in (REPO / "docs" / "papers.md").read_text()
+
+
+def test_a_recipes_task_level_values_apply_with_its_task_only():
+    """SmolLM2's recipe asks arithmetic as equations: with --task countdown its prompt style is not imposed (the run
+    would fail naming --prompt-style equation, a flag nobody typed), while its other values still apply."""
+    cfg, _ = parse("--model", "smollm2-135m", "--task", "countdown")
+    assert (cfg.task, cfg.prompt_style, cfg.eval_problems, cfg.final_samples) == ("countdown", "auto", None, 8)
+    assert parse("--model", "smollm2-135m")[0].prompt_style == "equation"
+    assert RECIPES["smollm2"].settings("es", "countdown").get("prompt_style") is None
+
+
+def test_an_error_names_the_recipe_that_set_the_flag():
+    with pytest.raises(UserError, match=r"--max-new-tokens 3 \(from recipe tiny-qiu\)"):
+        with naming_recipes(parse("--max-new-tokens", "3")[0], {"max_new_tokens": "recipe tiny-qiu"}):
+            raise UserError("--max-new-tokens 3: too few")

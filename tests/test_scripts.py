@@ -4,7 +4,7 @@ import os
 
 import pytest
 
-from conftest import run_in_process, run_script
+from conftest import REPO, assert_one_line_error, run_in_process, run_script
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -142,3 +142,32 @@ def test_eval_notes_completions_longer_than_the_models_positions(tmp_path, model
         err = capsys.readouterr().err
         assert code == 0, err + message
         assert (f"note: --max-new-tokens {new_tokens} reaches past the {positions} positions" in err) == noted, err
+
+
+def test_eval_out_may_not_name_the_data_it_reads(tmp_path, model_dir, capsys):
+    data = tmp_path / "rows.jsonl"
+    data.write_text(open(REPO / "tests" / "data" / "gsm8k_test.jsonl").read())
+    for flag in ("--data", "--eval-data"):
+        code, message = run_in_process("eval.py", "--model", model_dir, "--task", "gsm8k", flag, data, "--out", data)
+        last = assert_one_line_error(flag, code, capsys.readouterr().err + message)
+        assert f"is the {flag} file" in last
+    assert data.read_text() == open(REPO / "tests" / "data" / "gsm8k_test.jsonl").read()
+
+
+def test_eval_show_prompt_writes_out(tmp_path, model_dir, capsys):
+    code, message = run_in_process("eval.py", "--model", model_dir, "--show-prompt", "--out", tmp_path / "p.json")
+    out = capsys.readouterr().out
+    assert code == 0, message
+    written = json.loads((tmp_path / "p.json").read_text())
+    assert written["prompt"] == out.rstrip("\n") and written["tokens"] > 0 and written["task"] == "arithmetic"
+
+
+def test_train_prints_before_once_a_line_per_evaluation_and_the_pass_at_k_its_samples_allow(tmp_path, model_dir,
+                                                                                             capsys):
+    code, message = run_in_process("train.py", "--model", model_dir, "--steps", 3, "--out", tmp_path, "--population", 2,
+                                   "--prompts-per-step", 2, "--eval-problems", 2, "--final-samples", 8, "--eval-every", 1,
+                                   "--eval-samples", 2)
+    out = capsys.readouterr().out
+    assert code == 0, message
+    assert out.count("before: ") == 1 and out.count("after: ") == 1 and "pass@8 " in out and "pass@16" not in out
+    assert [line.split(":")[0] for line in out.splitlines() if "heldout_pass@1" in line] == ["step 1", "step 2"]

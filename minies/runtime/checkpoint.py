@@ -3,6 +3,8 @@ only then named in the `latest` file (itself replaced atomically). A kill at any
 `latest` naming a complete checkpoint, or no `latest` at all.
 
 Layout of a run directory:
+    config.json             every setting as resolved, the recipes applied, the sha256 of each file read
+    run.lock                while a process runs it: that process's pid and host (minies/runtime/run_lock.py)
     log.jsonl               one JSON line per step
     latest                  name of the newest complete checkpoint, e.g. "step-000100"
     step-000100/            save_pretrained model + tokenizer, and training_state.pt
@@ -75,9 +77,10 @@ def save(run_dir, step, model, tokenizer, state, keep=2):
     os.replace(tmp, final)
     _write_text_atomic(os.path.join(run_dir, "latest"), name)
     shutil.rmtree(f"{final}.old", ignore_errors=True)
-    old = sorted(d for d in os.listdir(run_dir) if d.startswith("step-") and d != name)
-    for d in old[:max(0, len(old) - keep + 1)]:
-        shutil.rmtree(os.path.join(run_dir, d), ignore_errors=True)
+    older = [d for d in _step_dirs(run_dir) if d != final]  # newest first, by number: step-1000000 after step-999999
+    leftovers = [os.path.join(run_dir, d) for d in os.listdir(run_dir) if re.fullmatch(r"step-\d+\.old", d)]
+    for d in older[keep - 1:] + leftovers:  # and the copies a kill in mid-save left aside
+        shutil.rmtree(d, ignore_errors=True)
     return final
 
 

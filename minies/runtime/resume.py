@@ -5,12 +5,14 @@ is refused without --resume), check_resumed_settings (every setting resolved, be
 restore (the RNGs and the algorithm's state), open_log (the log loses the steps after the checkpoint). Resuming
 is exact: a step's prompts and seeds depend only on (seed, step), and a checkpoint holds every state the next
 step reads."""
+import hashlib
 import json
 import os
 import sys
 from dataclasses import asdict
 
 from minies import UserError
+from minies.gguf import packaged_file
 from minies.runtime import checkpoint
 
 
@@ -73,19 +75,49 @@ MAY_CHANGE_ON_RESUME = {"steps", "eval_every", "save_every", "keep_checkpoints",
                         "master_device", "compile_decoding", "recipe"}
 
 
-def as_list(value):
-    return list(value) if isinstance(value, (list, tuple)) else [value]
-
-
 def typed(value):
     """A setting as it is typed on the command line: a list's items space-separated."""
     return " ".join(map(str, value)) if isinstance(value, (list, tuple)) else value
 
 
-def check_resumed_settings(run_dir, cfg, algo_cfg, by_recipe):
+# The settings that name a file the run reads: config.json records each file's sha256 ("inputs"), and --resume
+# refuses a file whose content changed, as it refuses a changed setting (the same path may hold other problems).
+INPUT_FILES = ("data", "eval_data")
+
+
+def input_digests(cfg):
+    """{"--flag": {"path", "sha256"}} of every file the run reads (INPUT_FILES), for config.json."""
+    return {f"--{key.replace('_', '-')}": {"path": getattr(cfg, key), "sha256": sha256(getattr(cfg, key))}
+            for key in INPUT_FILES if getattr(cfg, key, None) is not None}
+
+
+def sha256(path):
+    """The file's sha256 in hex, or None when it cannot be read (reading it later says why)."""
+    digest = hashlib.sha256()
+    try:
+        with open(path, "rb") as f:
+            for block in iter(lambda: f.read(1 << 20), b""):
+                digest.update(block)
+    except OSError:
+        return None
+    return digest.hexdigest()
+
+
+def changed_inputs(recorded, now):
+    """One phrase per input file whose content differs from the run's (`recorded`: config.json's "inputs"; a run
+    written before files were hashed has none, and resumes unchecked)."""
+    return [f"{flag} {now[flag]['path']} changed since the run read it (sha256 {entry['sha256'][:12]}..., now "
+            f"{(now[flag]['sha256'] or 'unreadable')[:12]}...)"
+            for flag, entry in (recorded or {}).items()
+            if flag in now and entry.get("sha256") and now[flag]["sha256"] != entry["sha256"]]
+
+
+def check_resumed_settings(run_dir, cfg, algo_cfg, by_recipe, inputs=None, difficulty=None):
     """A UserError naming every setting of this command line that differs from the run's config.json, with
-    the recorded value and, for a value a recipe gave, that recipe (paths compared as the directories or files
-    they name)."""
+    the recorded value and, for a value a recipe gave, that recipe, or naming an input file whose content
+    changed (`inputs`: input_digests now). Settings are compared as they resolve: paths as the directories or
+    files they name (a packaged model's name as its file), the difficulty flags as the task's `difficulty`
+    resolves them (None: its default)."""
     path = os.path.join(run_dir, "config.json")
     try:
         with open(path) as f:
@@ -99,20 +131,37 @@ def check_resumed_settings(run_dir, cfg, algo_cfg, by_recipe):
 
     def same(key, a, b):
         if isinstance(a, str) and isinstance(b, str) and key in ("model", "data", "eval_data"):
-            return os.path.realpath(os.path.expanduser(a)) == os.path.realpath(os.path.expanduser(b))
-        if key == "numbers":  # a list of counts; a run made before --numbers took several recorded one int
-            return as_list(a) == as_list(b)
+            return real_path(a) == real_path(b)
         return a == b
+
+    now_train = asdict(cfg)
+    if difficulty is not None:  # both sides resolved: "--numbers 2" is arithmetic's default, and never "None"
+        keys = ("numbers", "low", "high")
+        now_train.update(difficulty(*(now_train[key] for key in keys)))
+        recorded_train = {**recorded_train, **difficulty(*(recorded_train.get(key) for key in keys))}
 
     def origin(key):
         return f"from {by_recipe[key]}; " if key in by_recipe else ""
 
     differences = [f"--{key.replace('_', '-')} {typed(now)} ({origin(key)}the run has {typed(recorded_part.get(key))})"
-                   for recorded_part, settings in ((recorded_train, asdict(cfg)), (recorded[cfg.algo], asdict(algo_cfg)))
+                   for recorded_part, settings in ((recorded_train, now_train), (recorded[cfg.algo], asdict(algo_cfg)))
                    for key, now in settings.items()
                    if key not in MAY_CHANGE_ON_RESUME and not same(key, now, recorded_part.get(key))]
     if differences and recorded_train.get("recipe") not in (None, cfg.recipe):  # the flag that gives them back
         differences.append(f"the run was made with --recipe {recorded_train['recipe']}")
+    changed = changed_inputs(recorded.get("inputs"), inputs or {})
+    if changed and not differences:
+        raise UserError(f"--resume continues {run_dir} on the files it read, but {'; '.join(changed)}; put the "
+                        "run's file back, or pass --run-name NAME for a new run")
     if differences:
         raise UserError(f"--resume continues {run_dir} with its own settings, but this command differs: "
                         f"{'; '.join(differences)}; drop those flags, or pass --run-name NAME for a new run")
+
+
+def real_path(name):
+    """The file or directory a path names; a packaged model's name (smollm2-135m) names its GGUF file."""
+    try:
+        name = packaged_file(name)
+    except UserError:  # not installed: the name stands for itself
+        pass
+    return os.path.realpath(os.path.expanduser(name))

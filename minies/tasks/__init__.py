@@ -1,16 +1,18 @@
 """Tasks with verifiable rewards: prompts in several styles, ground truth, train and test splits, a verifier.
 
 One file per task (arithmetic, countdown, gsm8k); base.py holds what they share, data.py reads data files,
-difficulty.py the checks of the generated tasks' difficulty flags, expressions.py Countdown's arithmetic.
+difficulty.py the checks of the generated tasks' difficulty flags, expressions.py Countdown's arithmetic,
+qiu_rows.py Countdown rows in Qiu et al.'s format, fit.py the checks that need the model's tokenizer.
 """
 from minies import UserError
 from minies.tasks.arithmetic import Arithmetic
 from minies.tasks.base import (ANSWER_TAG, FORMAT_BONUS, PROMPT_STYLES, REWARDS, Problem, PromptStyle, Score,
                                SolvedProblem, Task, answer_tags, last_answer_tag, make_score)
-from minies.tasks.countdown import Countdown, CountdownProblem, qiu_rows
+from minies.tasks.countdown import Countdown, CountdownProblem
 from minies.tasks.difficulty import refuse_with_files
 from minies.tasks.expressions import parse_expression, python_value, random_expression, reaches, solutions, solvable
 from minies.tasks.gsm8k import GSM8K, GSM8K_NUMBER, last_boxed
+from minies.tasks.qiu_rows import qiu_rows
 
 TASKS = {"arithmetic": Arithmetic, "countdown": Countdown, "gsm8k": GSM8K}
 DEFAULT_TASK = "arithmetic"

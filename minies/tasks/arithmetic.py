@@ -39,9 +39,9 @@ class Arithmetic(Task):
     default_max_new_tokens = {"terse": 10, "instruct": 256, "equation": 8}
 
     def __init__(self, seed=0, test_size=500, numbers=None, low=None, high=None, **kwargs):
-        self.counts = counts_of(numbers, (2,))
-        self.low = 0 if low is None else low
-        self.high = 99 if high is None else high
+        counts, self.low, self.high = self.difficulty(numbers, low, high).values()
+        self.counts = tuple(counts)
+        self.difficulty_given = (numbers, low, high)
         if not all(1 <= count <= MAX_NUMBERS for count in self.counts):
             raise UserError(f"--numbers {' '.join(map(str, self.counts))}: --task arithmetic sums 1 to {MAX_NUMBERS} "
                             "numbers")
@@ -53,6 +53,17 @@ class Arithmetic(Task):
             raise UserError(f"--numbers {max(self.counts)} --high {self.high}: sums reach {largest}, "
                             f"past the {ANSWER_DIGITS} digits an answer may have; lower --high or --numbers")
         super().__init__(seed, test_size, **kwargs)
+
+    def difficulty(self, numbers=None, low=None, high=None):
+        return {"numbers": list(counts_of(numbers, (2,))), "low": 0 if low is None else low,
+                "high": 99 if high is None else high}
+
+    def problem_count(self):
+        # The question writes the numbers in order: 12+93 and 93+12 are two problems.
+        return sum((self.high - self.low + 1) ** count for count in self.counts)
+
+    def hardest_problem(self):
+        return Problem("", str(max(self.counts) * self.high))
 
     def problem(self, rng):
         count = self.counts[0] if len(self.counts) == 1 else rng.choice(self.counts)  # one count: no draw spent

@@ -35,6 +35,7 @@ import numpy as np
 
 from minies import UserError
 from minies.tasks.data import Rows, read_problems
+from minies.tasks.difficulty import Difficulty
 
 FORMAT_BONUS = 0.1
 ANSWER_TAG = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
@@ -110,7 +111,7 @@ def make_score(correct, malformed, solution=None, answer=None):
                  answer=None if malformed else answer)
 
 
-class Task:
+class Task(Difficulty):
     """Base class. Subclasses define `problem(rng)` (generated tasks) or `parse_row(row)` (tasks that read
     a data file), `score(completion, problem)` and `solution(problem)`; the module docstring describes the
     splits."""
@@ -130,6 +131,8 @@ class Task:
             raise UserError(f"--prompt-style {prompt_style}: --task {self.name} offers "
                             f"{', '.join(self.prompt_styles)}")
         self.prompt_style, self.style = prompt_style, self.prompt_styles[prompt_style]
+        self.reads_files = data is not None or eval_data is not None
+        self.system_given = system is not None  # checked against the tokenizer's chat template (fit.py)
         if system is not None:
             if not self.style.chat:
                 raise UserError(f"--system: --prompt-style {prompt_style} is raw text with no chat template, so it "
@@ -174,7 +177,13 @@ class Task:
                                   "training")
                 rows = rows.pick(np.setdiff1d(np.arange(len(rows)), shared))
         if train_problems is not None and rows is None:
-            rows = self._draw(random.Random(f"{self.name}-train-fixed-{seed}"), train_problems, self._held_out)
+            rows = self._draw(random.Random(f"{self.name}-train-fixed-{seed}"), train_problems, self._held_out,
+                              len(self._test))
+        if train_problems is not None and len(rows) < train_problems:
+            source = f"--data {data}" if data is not None else f"{self.difficulty_flags()} (generated)"
+            raise UserError(f"--train-problems {train_problems}: {source} makes only {len(rows)} distinct problems "
+                            f"besides the {len(self._test)} held out; pass --train-problems {len(rows)} or fewer"
+                            + ("" if data is not None else ", or widen --low/--high or raise --numbers"))
         self._train = rows[:train_problems] if rows is not None and train_problems is not None else rows
         if data is not None:
             self.check_training_rows(data)
@@ -190,18 +199,28 @@ class Task:
     def check_training_rows(self, data):
         """A task that can tell a problem with no solution (Countdown) reports those of its training rows here."""
 
-    def _draw(self, rng, count, held_out):
-        """`count` distinct generated problems, none of whose questions is `held_out` (a test)."""
-        drawn, seen = [], set()
-        # A bounded number of tries keeps a task with few distinct problems from looping forever.
-        for _ in range(100 * count):
-            if len(drawn) == count:
-                break
+    def _draw(self, rng, count, held_out, reserved=0):
+        """`count` distinct generated problems, none of whose questions is `held_out` (a test); fewer when the
+        generator runs out of new ones. A task with fewer problems than asked stops when it knows (problem_count)
+        or after 10 tries per problem drawn found nothing new: with one new problem left among P, P tries find it
+        on average, so stopping at 10 P misses it about once in e^10 ≈ 22,000 times, after seconds, not minutes."""
+        known = self.problem_count()
+        if known is not None:
+            count = min(count, max(0, known - reserved))
+        drawn, seen, fruitless = [], set(), 0
+        while len(drawn) < count and fruitless <= max(1000, 10 * len(drawn)):
             p = self.problem(rng)
+            fruitless += 1
             if p.question not in seen and not held_out(p.question):
                 seen.add(p.question)
                 drawn.append(p)
+                fruitless = 0
         return drawn
+
+    def shortest_answer(self, problem):
+        """The shortest completion the verifier can accept for `problem` (tasks/fit.py checks that it fits
+        --max-new-tokens)."""
+        return self.solution(problem)
 
     def test_problems(self, count=None):
         """The first `count` problems of the test split (None: all of them)."""

@@ -113,19 +113,33 @@ class Countdown(Task):
             if kwargs.get(flag) is not None:
                 refuse_with_files(f"the problems come from --{flag.replace('_', '-')} {kwargs[flag]}", numbers, low,
                                   high)
-        counts, default_low, default_high, max_target = GENERATED["terse" if prompt_style == "terse" else "instruct"]
-        self.counts = counts_of(numbers, counts)
-        self.low = default_low if low is None else low
-        self.high = default_high if high is None else high
+        self.counts, self.low, self.high = generated(prompt_style, numbers, low, high)
+        self.difficulty_given = (numbers, low, high)
+        _, default_low, default_high, max_target = GENERATED["terse" if prompt_style == "terse" else "instruct"]
         self.max_target = max_target if (self.low, self.high) == (default_low, default_high) else None  # docstring
         if not all(self.MIN_NUMBERS <= count <= self.MAX_NUMBERS for count in self.counts):
-            raise UserError(f"--numbers {' '.join(map(str, self.counts))}: --task countdown takes {self.MIN_NUMBERS} to {self.MAX_NUMBERS} "
-                            "numbers (counting the solutions of more takes minutes per problem)")
+            raise UserError(f"--numbers {' '.join(map(str, self.counts))}: --task countdown takes {self.MIN_NUMBERS} "
+                            f"to {self.MAX_NUMBERS} numbers (counting the solutions of more takes minutes per problem)")
         if self.low < 1:
             raise UserError(f"--low {self.low}: --task countdown draws numbers >= 1 (positive numbers always reach a "
                             "target: their sum)")
         check_range(self.name, self.counts, self.low, self.high, test_size)
         super().__init__(seed, test_size, prompt_style=prompt_style, **kwargs)
+
+    def difficulty(self, numbers=None, low=None, high=None):
+        if self.reads_files:
+            return super().difficulty(numbers, low, high)
+        counts, low, high = generated(self.prompt_style, numbers, low, high)
+        return {"numbers": list(counts), "low": low, "high": high}
+
+    def hardest_problem(self):
+        if self.reads_files:
+            return None
+        return CountdownProblem("", "1", None, (self.high,) * max(self.counts))
+
+    def shortest_answer(self, problem):
+        """Every number once, joined by one operator each and no parentheses: no answer is shorter."""
+        return f"<answer>{'+'.join(map(str, problem.numbers))}</answer>"
 
     def make_problem(self, numbers, target, reference=None, context=None):
         """The problem of reaching `target` (a number or its text) with `numbers`, asked in this task's style;
@@ -217,6 +231,12 @@ class Countdown(Task):
         return f"<answer>{problem.reference}</answer>"
 
 
+def generated(prompt_style, numbers=None, low=None, high=None):
+    """(numbers per problem it may choose, smallest, largest) of generated problems: the flags, else the style's."""
+    counts, default_low, default_high, _ = GENERATED["terse" if prompt_style == "terse" else "instruct"]
+    return counts_of(numbers, counts), default_low if low is None else low, default_high if high is None else high
+
+
 def qiu_score(completion, problem):
     """Qiu et al.'s reward (module docstring): answer + 0.1·format."""
     format_credit = 1.0 if qiu_envelope("<think>" + completion) else (
@@ -268,34 +288,3 @@ def qiu_numbers(numbers):
     """The numbers as Qiu et al.'s prompts print them (numpy's style): [44 19 35], [83 78  1 39]."""
     width = max(len(str(n)) for n in numbers)
     return " ".join(str(n).rjust(width) for n in numbers)
-
-
-def qiu_rows(count, seed=0):
-    """`count` generated rows in Qiu et al.'s published format (id, context, numbers, target as text, solution):
-    3 or 4 numbers in 1..99, the target the value of a random fully parenthesised expression over them, kept
-    when it is an integer in 1..100, and one time in 25 whatever it is (their file's share of other targets,
-    non-integers among them)."""
-    rng, rows = random.Random(f"qiu-rows-{seed}"), []
-    while len(rows) < count:
-        numbers = [rng.randint(1, 99) for _ in range(rng.choice((3, 4)))]
-        value, text = qiu_expression(rng, rng.sample(numbers, len(numbers)))
-        if value is None or not ((value.denominator == 1 and 1 <= value <= 100) or rng.random() < 0.04):
-            continue
-        target = str(int(value)) if value.denominator == 1 else repr(float(value))
-        context = QIU_PROMPT.format(numbers=qiu_numbers(numbers), target=target)
-        rows.append({"id": len(rows), "context": context, "numbers": numbers, "target": target, "solution": text})
-    return rows
-
-
-def qiu_expression(rng, numbers):
-    """(value, text) of a random expression over `numbers` in order, every operation in parentheses and spaced
-    as Qiu et al.'s solutions are ("((44 + 19) + 35)"); value None when it divides by zero."""
-    if len(numbers) == 1:
-        return Fraction(numbers[0]), str(numbers[0])
-    split = rng.randint(1, len(numbers) - 1)
-    (a, a_text), (b, b_text) = qiu_expression(rng, numbers[:split]), qiu_expression(rng, numbers[split:])
-    op = rng.choice("+-*/")
-    if a is None or b is None or (op == "/" and b == 0):
-        return None, ""
-    value = {"+": a + b, "-": a - b, "*": a * b, "/": a / b if b else None}[op]
-    return value, f"({a_text} {op} {b_text})"

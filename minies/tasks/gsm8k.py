@@ -79,6 +79,10 @@ class GSM8K(Task):
         """The worked solution of the data file, then its final number in the answer tag."""
         return f"{problem.reference}\n<answer>{problem.answer}</answer>"
 
+    def shortest_answer(self, problem):
+        """The final number alone in the answer tag, which the verifier accepts without any reasoning."""
+        return f"<answer>{problem.answer}</answer>"
+
 
 def last_boxed(completion):
     """The text inside the last complete \\boxed{...} of a completion, its braces balanced ("18 \\text{ dollars}"),
