@@ -81,7 +81,8 @@ def main(argv=None):
     style = prompt_style_for(cfg.prompt_style, model_config)
     task = get_task(cfg.task, seed=cfg.seed, data=cfg.data, prompt_style=style, max_new_tokens=cfg.max_new_tokens,
                     lenient_answers=cfg.lenient_answers, eval_data=cfg.eval_data, train_problems=cfg.train_problems,
-                    reward=cfg.reward, system=cfg.system, numbers=cfg.numbers, low=cfg.low, high=cfg.high)
+                    reward=cfg.reward, system=cfg.system, numbers=cfg.numbers, low=cfg.low, high=cfg.high,
+                    match=cfg.match, score_timeout=cfg.score_timeout)
     for note in task.notes + position_notes(model_config, task.max_new_tokens):
         print(f"note: {note}", file=sys.stderr)
     tok = load_tokenizer(cfg.model)

@@ -3,6 +3,7 @@
     python train.py                              # ES on the shipped tiny model, default task
     python train.py --algo grpo                  # GRPO
     python train.py --task countdown             # ES on the shipped Countdown model
+    python train.py --task examples/digit_sum.py # a task of your own, in one file (docs/tasks.md)
     python train.py --algo grpo --help           # the flags of one algorithm
     python train.py --model Qwen/Qwen2.5-0.5B-Instruct --dtype bfloat16 --task countdown --recipe qiu2025
     torchrun --nproc_per_node 2 train.py ...     # several processes (gloo on CPU, nccl on CUDA)
@@ -32,7 +33,7 @@ from minies.runtime import checkpoint, distributed, set_up_process
 from minies.runtime.checkpoint import written
 from minies.runtime.guard import Diverged, check_weights, largest_weight
 from minies.runtime.resume import check_resumed_settings, checkpoint_to_resume, open_log, restore
-from minies.tasks import get_task
+from minies.tasks import get_task, task_label
 
 
 def algorithms():
@@ -142,7 +143,7 @@ def main(argv=None):
         print_settings(argv, recipes, cfg, algo_cfg)
     check_run_name(cfg.run_name)
     model_config = load_config(cfg.model)  # a missing model is named before anything about its run
-    run_dir = os.path.join(cfg.out, cfg.run_name or f"{cfg.algo}-{cfg.task}-seed{cfg.seed}")
+    run_dir = os.path.join(cfg.out, cfg.run_name or f"{cfg.algo}-{task_label(cfg.task)}-seed{cfg.seed}")
     check_writable(run_dir, "--out")
     resume_from, state = checkpoint_to_resume(run_dir, cfg, by_recipe, main_rank)
 
@@ -156,13 +157,14 @@ def main(argv=None):
     weight_bound = cfg.max_weight_growth * largest_weight(model)  # of the start model, also when resuming
 
     if resume_from:
-        check_resumed_settings(run_dir, cfg, algo_cfg, by_recipe)  # every setting resolved, before anything is restored
+        # every setting resolved, before anything is restored
+        check_resumed_settings(run_dir, cfg, algo_cfg, by_recipe, task_file_sha256(task))
         start_step, tokens, before = restore(state, algo)
     else:
         start_step, tokens = 0, 0
         before = heldout(model, tok, task, cfg, cfg.final_samples, main_rank)
         if main_rank:
-            write_config(run_dir, cfg, algo_cfg, recipes)
+            write_config(run_dir, cfg, algo_cfg, recipes, task_file_sha256(task))
             print("before: " + _fmt(before))
     log = open_log(run_dir, start_step, resume_from) if main_rank else None
 
@@ -212,7 +214,8 @@ def make_task(cfg, model_config, main_rank):
     cfg.prompt_style = prompt_style_for(cfg.prompt_style, model_config)
     task = get_task(cfg.task, seed=cfg.seed, data=cfg.data, prompt_style=cfg.prompt_style,
                     max_new_tokens=cfg.max_new_tokens, eval_data=cfg.eval_data, train_problems=cfg.train_problems,
-                    reward=cfg.reward, system=cfg.system, numbers=cfg.numbers, low=cfg.low, high=cfg.high)
+                    reward=cfg.reward, system=cfg.system, numbers=cfg.numbers, low=cfg.low, high=cfg.high,
+                    match=cfg.match, score_timeout=cfg.score_timeout)
     if cfg.data is None and task.needs_data:
         raise UserError(task.data_help)
     cfg.max_new_tokens, cfg.reward = task.max_new_tokens, task.reward
@@ -222,10 +225,16 @@ def make_task(cfg, model_config, main_rank):
     return task
 
 
-def write_config(run_dir, cfg, algo_cfg, recipes):
+def task_file_sha256(task):
+    """The sha256 of a --task FILE's text (None for a built-in task): config.json records it, --resume compares it."""
+    return getattr(task, "sha256", None)
+
+
+def write_config(run_dir, cfg, algo_cfg, recipes, task_sha256):
     os.makedirs(run_dir, exist_ok=True)
+    task_file = {"task_file": {"path": cfg.task, "sha256": task_sha256}} if task_sha256 else {}
     with written(os.path.join(run_dir, "config.json")) as f:
-        json.dump({"train": asdict(cfg), cfg.algo: asdict(algo_cfg), "recipes": recipes}, f, indent=1)
+        json.dump({"train": asdict(cfg), cfg.algo: asdict(algo_cfg), "recipes": recipes, **task_file}, f, indent=1)
 
 
 def guarded_step(algo, task, step_seed, step, model, weight_bound):

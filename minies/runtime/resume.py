@@ -73,10 +73,10 @@ MAY_CHANGE_ON_RESUME = {"steps", "eval_every", "save_every", "keep_checkpoints",
                         "master_device", "compile_decoding", "recipe"}
 
 
-def check_resumed_settings(run_dir, cfg, algo_cfg, by_recipe):
+def check_resumed_settings(run_dir, cfg, algo_cfg, by_recipe, task_sha256=None):
     """A UserError naming every setting of this command line that differs from the run's config.json, with
     the recorded value and, for a value a recipe gave, that recipe (paths compared as the directories or files
-    they name)."""
+    they name); first, one for a --task FILE whose text (`task_sha256`) is not the text the run was trained on."""
     path = os.path.join(run_dir, "config.json")
     try:
         with open(path) as f:
@@ -85,11 +85,16 @@ def check_resumed_settings(run_dir, cfg, algo_cfg, by_recipe):
     except (OSError, ValueError, KeyError, TypeError):
         raise UserError(f"{path} is missing or unreadable: --resume cannot check what it continues; restore it, "
                         "or pass --run-name NAME for a new run") from None
+    recorded_sha256 = (recorded.get("task_file") or {}).get("sha256")
+    if task_sha256 and recorded_sha256 and task_sha256 != recorded_sha256:
+        raise UserError(f"--task {cfg.task}: the task file's text changed since {run_dir} started (sha256 "
+                        f"{str(recorded_sha256)[:12]}, now {str(task_sha256)[:12]}), so its rewards are not the run's; "
+                        "restore the file, or pass --run-name NAME for a new run")
     if cfg.algo not in recorded:
         raise UserError(f"--algo {cfg.algo}: {run_dir} was trained with --algo {recorded_train.get('algo')}")
 
     def same(key, a, b):
-        if isinstance(a, str) and isinstance(b, str) and key in ("model", "data", "eval_data"):
+        if isinstance(a, str) and isinstance(b, str) and key in ("model", "data", "eval_data", "task"):
             return os.path.realpath(os.path.expanduser(a)) == os.path.realpath(os.path.expanduser(b))
         return a == b
 
