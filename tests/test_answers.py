@@ -116,3 +116,15 @@ def test_train_and_eval_on_answers(tmp_path, model_dir, one_thread, capsys):
                              "answers", "--eval-data", ANSWERS_FILE, "--match", "number", "--problems", 2, "--n", 1,
                              "--k", 1)
     assert code == 0 and "on answers (2 held-out problems" in capsys.readouterr().out
+
+
+@needs_math_verify
+def test_bench_boxed_compares_both_readings_on_gsm8k_answers():
+    from bench.boxed import compare, reference_answers
+
+    answers = reference_answers(20)
+    results = compare(answers)
+    assert len(results["plain"]) == 20 and all(own and verified for _, _, own, verified in results["plain"])
+    # \frac{2n}{2}: minies reads its last number (2), math-verify the fraction's value.
+    assert all(verified and own == (n == 2) for n, _, own, verified in results["fraction"])
+    assert len(results["thousands comma"]) == sum(abs(n) >= 1000 for n in answers)
