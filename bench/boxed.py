@@ -8,8 +8,8 @@ Each row's reference answer is written inside \\boxed{} in several forms a model
 read back two ways: minies' own (gsm8k.py: last_boxed, then the last number inside it, compared exactly, as
 --task gsm8k scores a boxed answer) and math-verify's (math_answers.py: the box and the reference compared as
 mathematics). Every form is the right answer, so a reading that says "wrong" is the reading's miss. Printed:
-per form, the rows where the two agree and where they differ (which one says right), then three differing rows. Needs math-verify
-(pip install math-verify); docs/tasks.md keeps the printed numbers.
+per form, the rows where the two agree and where they differ (which one says right), then three differing rows.
+Needs math-verify (pip install math-verify); docs/tasks.md keeps the printed numbers.
 """
 import argparse
 import json

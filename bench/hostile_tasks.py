@@ -91,8 +91,9 @@ def task_cases(refuse, runs, train_args, eval_args, resume_args):
                  [*resume_args, "--task", "{fx}/task-good.py"], "task file's text changed",
                  prepare=changed_task_file)
     answers = [*train_args, "--task", "answers", "--data"]
-    for what, name, says in [("an empty prompt", "prompt-empty", "line 17"), ("a list prompt", "prompt-list", "line 17"),
-                             ("no answer", "no-answer", "line 17"), ("not UTF-8", "latin1", "not UTF-8")]:
+    for what, name, says in [("an empty prompt", "prompt-empty", "line 17"),
+                             ("a list prompt", "prompt-list", "line 17"), ("no answer", "no-answer", "line 17"),
+                             ("not UTF-8", "latin1", "not UTF-8")]:
         yield refuse(f"data answers: {what}", "train.py", [*answers, f"{{fx}}/ans-{name}.jsonl"],
                      f"ans-{name}.jsonl.*{says}")
     yield refuse("data answers: --match number, an answer not a number", "train.py",

@@ -150,7 +150,8 @@ class TaskOptions:
                                   "run stops with an error", check="positive")
     data: str = option(None, "local data file to train on: gsm8k needs one (JSON Lines of question, answer ending in "
                        "'#### N'), answers too (JSON Lines of prompt, answer); countdown may read one (JSON Lines "
-                       "or a JSON list of numbers or nums, target, optionally context and solution: Qiu et al.'s and TinyZero's formats)", check="nonempty")
+                       "or a JSON list of numbers or nums, target, optionally context and solution: Qiu et al.'s "
+                       "and TinyZero's formats)", check="nonempty")
     eval_data: str = option(None, "local data file to evaluate on, all of its rows (same format as --data); without "
                             "it a file given by --data is split in two (docs/real-models.md)", check="nonempty")
     train_problems: int = option(None, "train on a fixed set of this many problems, the same every step: the first "

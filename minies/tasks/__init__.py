@@ -22,7 +22,8 @@ ALL_PROMPT_STYLES = sorted({style for task in TASKS.values() for style in task.p
 
 __all__ = ["ALL_PROMPT_STYLES", "ANSWER_TAG", "DEFAULT_TASK", "FORMAT_BONUS", "GSM8K", "GSM8K_NUMBER", "MATCHES",
            "PROMPT_STYLES", "REWARDS", "TASKS", "Answers", "Arithmetic", "Countdown", "CountdownProblem", "Problem",
-           "PromptStyle", "Score", "SolvedProblem", "Task", "answer_tags", "get_task", "is_task_file", "last_answer_tag",
+           "PromptStyle", "Score", "SolvedProblem", "Task", "answer_tags", "get_task", "is_task_file",
+           "last_answer_tag",
            "last_boxed", "make_score", "parse_expression", "python_value", "qiu_rows", "random_expression",
            "reaches", "solutions", "solvable", "task_label"]
 

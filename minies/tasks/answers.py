@@ -26,7 +26,8 @@ MATCHES = ("exact", "number", "boxed", "choice")
 CHOICE = re.compile(r"\(?([A-Za-z])[).:]?")
 # What the instruct style adds after the prompt, per match: the format the answer is read from.
 ASK = {"exact": "Give the final answer inside <answer> </answer> tags.",
-       "number": "Give the final answer, a number only, inside <answer> </answer> tags, for example <answer>42</answer>.",
+       "number": ("Give the final answer, a number only, inside <answer> </answer> tags, for example "
+                  "<answer>42</answer>."),
        "boxed": "Put the final answer inside \\boxed{}.",
        "choice": "Give the letter of the right option inside <answer> </answer> tags, for example <answer>B</answer>."}
 

@@ -14,7 +14,8 @@ from functools import lru_cache
 
 from minies import UserError
 
-INSTALL = "--match boxed compares answers as mathematics with math-verify, which is not installed: pip install math-verify"
+INSTALL = ("--match boxed compares answers as mathematics with math-verify, which is not installed: "
+           "pip install math-verify")
 
 
 def math_verify():

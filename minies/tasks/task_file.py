@@ -29,7 +29,8 @@ import numpy as np
 from minies import UserError
 from minies.tasks.base import Problem, Score, Task
 
-CONTRACT = "define one subclass of minies.tasks.Task with score(completion, problem) (docs/tasks.md)"
+CONTRACT = ("a task file defines exactly one subclass of minies.tasks.Task, with score(completion, problem) "
+            "(docs/tasks.md)")
 
 
 def is_task_file(name):
@@ -52,7 +53,7 @@ def load_task_class(path):
     missing or unreadable file, a file that does not run, and a file that defines no task or several."""
     where = f"--task {path}"
     if not os.path.isfile(path):
-        raise UserError(f"{where}: no such file; give the path of a Python file that {CONTRACT}")
+        raise UserError(f"{where}: no such file; {CONTRACT}")
     try:
         with open(path, "rb") as f:
             source = f.read()
