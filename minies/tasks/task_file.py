@@ -9,6 +9,10 @@ line naming the file (and the file's own line, where there is one) before a bad 
     score      must return a Score whose reward is a finite number and whose correct and malformed are
                booleans, within --score-timeout seconds a call (a score that hangs would stall a run forever).
 
+The time limit is a SIGALRM timer of the main thread, the one every score is called from. math-verify sets and
+clears that same timer around each of its own calls (minies/tasks/math_answers.py), so a score() that calls it is
+bounded there by math-verify's limits, and by none for the rest of that call.
+
 The file's text is hashed (sha256): config.json records it, and --resume refuses to continue a run with a
 changed file, since its rewards would no longer be those the run was trained on.
 """
