@@ -117,6 +117,9 @@ BAD_SCORES = {  # name -> (score body, question, what the error line must say)
     "a string": ("return 'yes'", None, "returned 'yes' (str), not a Score"),
     "correct not a bool": ("return Score(1.0, 'yes', False)", None, "correct='yes'"),
     "hangs": ("time.sleep(30)", None, "took more than --score-timeout 0.2 seconds"),
+    "hangs, catching every Exception": ("try:\n    time.sleep(30)\nexcept Exception:\n    pass", None,
+                                        "took more than --score-timeout"),
+    "raises a multi-line error": ("raise ValueError('a\\nb')", None, "raised ValueError: a b; fix the file"),
     "empty prompt": (GOOD_SCORE, '" "', "question is empty"),
     "prompt not text": (GOOD_SCORE, "[a, b]", "question is list"),
 }
@@ -145,8 +148,6 @@ def test_a_data_task_file_reads_rows_and_names_a_bad_line(tmp_path):
         from minies.tasks import Problem, Task, make_score
 
         class Rows(Task):
-            reads_data = True
-
             def parse_row(self, row):
                 return Problem(row["q"], row["a"])
 
@@ -155,6 +156,9 @@ def test_a_data_task_file_reads_rows_and_names_a_bad_line(tmp_path):
         '''))
     rows = tmp_path / "rows.jsonl"
     rows.write_text("".join(json.dumps({"q": f"{i}?", "a": str(i)}) + "\n" for i in range(10)))
+    with pytest.raises(UserError, match=f"--task {path} reads its problems from files"):
+        get_task(str(path))
+    assert len(get_task(str(path), eval_data=str(rows)).test_problems()) == 10
     task = get_task(str(path), data=str(rows))
     assert len(task.test_problems()) == 5 and task.score(" 3 ", task.test_problems(1)[0]) is not None
     rows.write_text(rows.read_text() + json.dumps({"q": "", "a": "1"}) + "\n")

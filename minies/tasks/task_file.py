@@ -47,11 +47,6 @@ def task_label(name):
     return os.path.splitext(os.path.basename(name))[0] if is_task_file(name) else name
 
 
-def file_sha256(path):
-    with open(path, "rb") as f:
-        return hashlib.sha256(f.read()).hexdigest()
-
-
 def load_task_class(path):
     """The one Task subclass the file at `path` defines, guarded (module docstring); one-line errors for a
     missing or unreadable file, a file that does not run, and a file that defines no task or several."""
@@ -61,7 +56,7 @@ def load_task_class(path):
     try:
         with open(path, "rb") as f:
             source = f.read()
-        code = compile(source, path, "exec")
+        code = compile(source, path, "exec")  # a syntax error names the file's own line
     except OSError as e:
         raise UserError(f"{where}: cannot read it ({e.strerror})") from None
     except (SyntaxError, ValueError) as e:  # ValueError: null bytes in the source
@@ -85,7 +80,7 @@ def load_task_class(path):
     if cls.problem is Task.problem and cls.parse_row is Task.parse_row:
         raise UserError(f"{where}: {cls.__name__} defines neither problem(rng) (generated problems) nor "
                         "parse_row(row) (problems read from --data); docs/tasks.md")
-    return guarded(cls, path)
+    return guarded(cls, path, hashlib.sha256(source).hexdigest())
 
 
 @contextmanager
@@ -95,17 +90,20 @@ def user_code(where, path, doing):
         yield
     except UserError:
         raise
-    except ScoreTimeout:
-        raise
     except (Exception, SystemExit) as e:  # a task file's sys.exit() would end the run without saying why
         lines = [frame.lineno for frame in traceback.extract_tb(e.__traceback__)
                  if os.path.abspath(frame.filename) == os.path.abspath(path)]
         line = f" line {lines[-1]}" if lines else ""
-        raise UserError(f"{where}{line}: {doing} raised {type(e).__name__}: {str(e)[:200]}; fix the file") from None
+        raise UserError(f"{where}{line}: {doing} raised {type(e).__name__}: {one_line(e)}; fix the file") from None
 
 
-class ScoreTimeout(Exception):
-    pass
+def one_line(error):
+    """An exception's message on one line, cut short: the error line must stay one line."""
+    return " ".join(str(error).split())[:200]
+
+
+class ScoreTimeout(BaseException):
+    """Not an Exception, so that a score() catching every Exception does not swallow its own time limit."""
 
 
 @contextmanager
@@ -156,22 +154,26 @@ def checked_score(score, where):
     return score
 
 
-def guarded(cls, path):
+def guarded(cls, path, text_sha256):
     """A subclass of the user's task class whose problems and scores are checked (module docstring). It keeps the
     user's name, or takes the file's."""
     where = f"--task {path}"
 
     class Guarded(cls):
         name = cls.__dict__.get("name", task_label(path))
-        source, sha256 = path, file_sha256(path)
+        sha256 = text_sha256  # of the file's text: config.json, --resume
+        # What the task defines says where its problems come from: parse_row reads a data file, and a task
+        # without problem() has no other source.
+        reads_data = cls.reads_data or cls.parse_row is not Task.parse_row
+        needs_data = cls.needs_data or cls.problem is Task.problem
         data_help = getattr(cls, "data_help", f"{where} reads its problems from files: --data FILE to train on "
-                                     "and --eval-data FILE to evaluate on, JSON Lines its parse_row(row) reads")
+                            "and --eval-data FILE to evaluate on, JSON Lines its parse_row(row) reads")
 
         def __init__(self, *args, score_timeout=10.0, **kwargs):
             self.score_timeout = score_timeout
             with user_code(where, path, f"{cls.__name__}()"):
                 super().__init__(*args, **kwargs)
-            if self._train is None and not self.needs_data:
+            if self._train is None and cls.problem is not Task.problem:
                 self.check_fresh_problems()
 
         def check_fresh_problems(self, tries=1000):
@@ -196,7 +198,7 @@ def guarded(cls, path):
                 raise UserError(f"{where}: reads no data file (it defines no parse_row(row)); drop --data and "
                                 "--eval-data") from None
             except Exception as e:
-                raise ValueError(f"{where}: parse_row() raised {type(e).__name__}: {str(e)[:200]}") from None
+                raise ValueError(f"{where}: parse_row() raised {type(e).__name__}: {one_line(e)}") from None
             if isinstance(made, Problem) and isinstance(made.question, str) and not made.question.strip():
                 raise ValueError("the prompt is empty: there is nothing to ask")
             return checked_problem(made, where, "parse_row()")
