@@ -95,7 +95,7 @@ def main(argv=None):
         task = get_task(cfg.task, seed=cfg.seed, data=cfg.data, prompt_style=style, max_new_tokens=cfg.max_new_tokens,
                         lenient_answers=cfg.lenient_answers, eval_data=cfg.eval_data,
                         train_problems=cfg.train_problems, reward=cfg.reward, system=cfg.system, numbers=cfg.numbers,
-                        low=cfg.low, high=cfg.high)
+                        low=cfg.low, high=cfg.high, match=cfg.match, score_timeout=cfg.score_timeout)
     for note in task.notes + position_notes(model_config, task.max_new_tokens):
         print(f"note: {note}", file=sys.stderr)
     tok = load_tokenizer(cfg.model)

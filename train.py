@@ -3,6 +3,7 @@
     python train.py                              # ES on the shipped tiny model, default task
     python train.py --algo grpo                  # GRPO
     python train.py --task countdown             # ES on the shipped Countdown model
+    python train.py --task examples/digit_sum.py # a task of your own, in one file (docs/tasks.md)
     python train.py --algo grpo --help           # the flags of one algorithm
     python train.py --model Qwen/Qwen2.5-0.5B-Instruct --dtype bfloat16 --task countdown --recipe qiu2025
     torchrun --nproc_per_node 2 train.py ...     # several processes (gloo on CPU, nccl on CUDA)
@@ -34,7 +35,7 @@ from minies.runtime.checkpoint import written
 from minies.runtime.guard import Diverged, check_weights, largest_weight
 from minies.runtime.resume import check_resumed_settings, checkpoint_to_resume, input_digests, open_log, restore
 from minies.runtime.run_lock import run_directory_lock
-from minies.tasks import get_task
+from minies.tasks import get_task, task_label
 from minies.tasks.fit import check_answer_room, check_system
 
 
@@ -149,7 +150,7 @@ def main(argv=None):
         print_settings(argv, recipes, cfg, algo_cfg)
     check_run_name(cfg.run_name)
     model_config = load_config(cfg.model)  # a missing model is named before anything about its run
-    run_dir = os.path.join(cfg.out, cfg.run_name or f"{cfg.algo}-{cfg.task}-seed{cfg.seed}")
+    run_dir = os.path.join(cfg.out, cfg.run_name or f"{cfg.algo}-{task_label(cfg.task)}-seed{cfg.seed}")
     check_writable(run_dir, "--out")
     with run_directory_lock(run_dir) if main_rank else contextlib.nullcontext():  # before anything is written
         train(cfg, algo_cfg, Algorithm, recipes, by_recipe, model_config, run_dir, main_rank)
@@ -231,7 +232,8 @@ def make_task(cfg, model_config, main_rank, by_recipe):
     with naming_recipes(cfg, by_recipe):
         task = get_task(cfg.task, seed=cfg.seed, data=cfg.data, prompt_style=cfg.prompt_style,
                         max_new_tokens=cfg.max_new_tokens, eval_data=cfg.eval_data, train_problems=cfg.train_problems,
-                        reward=cfg.reward, system=cfg.system, numbers=cfg.numbers, low=cfg.low, high=cfg.high)
+                        reward=cfg.reward, system=cfg.system, numbers=cfg.numbers, low=cfg.low, high=cfg.high,
+                        match=cfg.match, score_timeout=cfg.score_timeout)
     if cfg.data is None and task.needs_data:
         raise UserError(task.data_help)
     cfg.max_new_tokens, cfg.reward = task.max_new_tokens, task.reward

@@ -6,6 +6,8 @@ import re
 import shutil
 from dataclasses import dataclass, field
 
+from bench.hostile_tasks import task_cases, write_task_fixtures
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY = os.path.join(ROOT, "minies", "assets", "tiny")
 GSM8K_TEST = os.path.join(ROOT, "tests", "data", "gsm8k_test.jsonl")
@@ -96,6 +98,7 @@ def write_fixtures(root):
                          ("model-copy", lambda d: None)]:
         shutil.copytree(TINY, os.path.join(root, name))
         damage(os.path.join(root, name))
+    write_task_fixtures(root)
 
 
 def write(path, content, mode="wb"):
@@ -409,6 +412,6 @@ def cases():
     from bench.hostile_run_cases import run_cases  # which builds on this module's helpers
 
     return [*sweep_cases(), *model_cases("train.py", TINY_ES), *model_cases("eval.py", SMALL_EVAL), *data_cases(),
-            *resume_cases(), *other_cases(), *run_cases()]
+            *resume_cases(), *other_cases(), *run_cases(), *task_cases(refuse, runs, TINY_ES, SMALL_EVAL, RESUME)]
 
 

@@ -3,6 +3,7 @@
     python -m bench.reproduce --quick            # a smoke run of every stage: under a minute on one core
     python -m bench.reproduce --out results      # the full run: 20 min on 2 cores (plan and estimate printed first)
     python -m bench.reproduce --task countdown --out results/countdown    # the same on Countdown: 21 min
+    python -m bench.reproduce --quick --task examples/add_a_digit.py      # on a task of your own (docs/tasks.md)
 
 On Countdown, a problem may have several correct expressions, so the final evaluations also count the
 distinct correct ones that the samples find per solved problem (Score.solution, minies/evaluate.py), and
@@ -53,7 +54,7 @@ from minies.config import TaskOptions, add_arguments, from_args, option, option_
 from minies.evaluate import evaluate
 from minies.models import default_device, default_model, load_config, load_model, load_tokenizer
 from minies.recipes import prompt_style_for
-from minies.tasks import get_task
+from minies.tasks import get_task, is_task_file
 
 SEQUENTIAL = (("grpo", "es"), ("es", "grpo"))
 KEEP_FRACTIONS = (0.0, 0.01, 0.05, 0.10, 0.50, 1.0)  # 0 is the start model and 1 the trained one, exactly
@@ -73,8 +74,9 @@ PLAN_SECONDS = {"arithmetic": Costs(grpo=0.35, c3po=2.0, es_member=0.055, es_pro
 
 @dataclass
 class ReproduceConfig:
-    task: str = option("arithmetic", "the task (generated problems); the claims are the same on both, and "
-                       "countdown adds the coverage of the solution space", choices=["arithmetic", "countdown"])
+    task: str = option("arithmetic", "the task, of generated problems: arithmetic, countdown (the claims are the "
+                       "same on both, and countdown adds the coverage of the solution space), or a task file "
+                       "path/to/task.py (docs/tasks.md; planned at arithmetic's costs)", check="task")
     model: str = option(None, "the start model: hub id or local directory (default: the shipped model for --task)")
     out: str = option("results", "output directory (results.json, results.md, plots, runs/)")
     prompt_style: str = option_of(TaskOptions, "prompt_style")
@@ -116,6 +118,9 @@ def parse_args(argv):
     if known.quick:
         parser.set_defaults(**QUICK)
     cfg = from_args(ReproduceConfig, parser.parse_args(argv))  # the ranges are checked while parsing
+    if cfg.task not in PLAN_SECONDS and not is_task_file(cfg.task):
+        raise UserError(f"--task {cfg.task}: bench.reproduce runs on generated problems: arithmetic, countdown or a "
+                        "task file path/to/task.py")
     cfg.model = cfg.model or default_model(cfg.task)
     es_sigmas(cfg)  # a malformed --diversity-sigmas fails here, before anything runs
     return cfg
@@ -155,7 +160,7 @@ def rollouts_per_step(cfg, method):
 
 
 def step_seconds(cfg, method):
-    costs = PLAN_SECONDS[cfg.task]
+    costs = PLAN_SECONDS.get(cfg.task, PLAN_SECONDS["arithmetic"])
     if is_es(cfg, method):
         return cfg.es_population * (costs.es_member + costs.es_prompt * cfg.es_prompts)
     return costs.c3po if method == "c3po" else costs.grpo
@@ -188,7 +193,7 @@ def make_plan(cfg, mean_length):
                + cfg.seeds * 2 * len(KEEP_FRACTIONS) * cfg.problems * cfg.sparsity_samples
                + len(stages) * (cfg.evals_per_run + 2) * cfg.eval_problems * HELDOUT_SAMPLES)
     training = sum(s.steps * step_seconds(cfg, s.method) for s in stages)
-    return stages, training + samples * PLAN_SECONDS[cfg.task].eval_sample
+    return stages, training + samples * PLAN_SECONDS.get(cfg.task, PLAN_SECONDS["arithmetic"]).eval_sample
 
 
 def print_plan(cfg, stages, total_seconds, mean_length):

@@ -12,7 +12,7 @@ import sys
 from minies import typed_flags
 from minies.models import DTYPES
 from minies.runtime import decoding
-from minies.tasks import ALL_PROMPT_STYLES, DEFAULT_TASK, REWARDS, TASKS
+from minies.tasks import ALL_PROMPT_STYLES, DEFAULT_TASK, MATCHES, REWARDS, TASKS, is_task_file
 
 # Numbers end up in float32 tensors and in int64 sizes: a float past float32's largest (1e308) would overflow
 # there, and an int past 2**31 (10**30) would overflow a size or allocate for ever.
@@ -43,6 +43,7 @@ CHECKS = {
     "regex": ("a valid regular expression", "", None),
     "nonempty": ("", "", None),  # a path or a name: '' would silently mean the default, or the current directory
     "text": ("", "", None),  # a message: UTF-8 text (argv carries other bytes as surrogates, which no tokenizer reads)
+    "task": ("", "", None),  # a built-in task's name or a Python file's path (read when the task is made)
     "clip": ("a number in [0, 10]", "an integer in [0, 10]", lambda x: 0 <= x <= 10),  # of a ratio around 1
     # Task difficulty: no task takes more than 50 numbers (arithmetic's limit; countdown checks its own 2 to 6),
     # and no number more digits than an arithmetic answer may have (12: minies/tasks/arithmetic.py).
@@ -59,9 +60,12 @@ def checked(kind, check):
     """The argparse `type=` that parses a `kind` (int or float) and rejects values outside `check`'s range; for
     `regex`, a string that must compile as a regular expression."""
     def parse(text):
-        if check == "nonempty":
-            if not text.strip():
-                raise argparse.ArgumentTypeError("empty; give a name or a path")
+        if check in ("nonempty", "task") and not text.strip():
+            raise argparse.ArgumentTypeError("empty; give a name or a path")
+        if check == "task" and text not in TASKS and not is_task_file(text):
+            raise argparse.ArgumentTypeError(f"{text!r} is neither a task ({', '.join(sorted(TASKS))}) nor a Python "
+                                             "file (path/to/task.py)")
+        if check in ("nonempty", "task"):
             return text
         if check == "text":
             undecoded = [ord(c) - 0xDC00 for c in text if 0xDC80 <= ord(c) <= 0xDCFF]  # Python's surrogateescape
@@ -144,10 +148,18 @@ class ModelOptions:
 
 @dataclasses.dataclass
 class TaskOptions:
-    task: str = option(DEFAULT_TASK, "task", choices=sorted(TASKS))
+    task: str = option(DEFAULT_TASK, f"the task: one of {', '.join(sorted(TASKS))} (answers: the rows of --data, "
+                       "checked by --match), or a Python file that defines one, path/to/task.py (docs/tasks.md)",
+                       check="task")
+    match: str = option(None, "--task answers: how an answer is compared with a row's: exact text in the answer tag, "
+                        "number, boxed (the last \\boxed{} as mathematics; needs pip install math-verify), choice "
+                        "(one letter) (default: exact)", choices=MATCHES)
+    score_timeout: float = option(10.0, "--task FILE: the seconds its score() may take on one completion before the "
+                                  "run stops with an error", check="positive")
     data: str = option(None, "local data file to train on: gsm8k needs one (JSON Lines of question, answer ending in "
-                       "'#### N'); countdown may read one (JSON Lines or a JSON list of numbers or nums, target, "
-                       "optionally context and solution: Qiu et al.'s and TinyZero's formats)", check="nonempty")
+                       "'#### N'), answers too (JSON Lines of prompt, answer); countdown may read one (JSON Lines "
+                       "or a JSON list of numbers or nums, target, optionally context and solution: Qiu et al.'s "
+                       "and TinyZero's formats)", check="nonempty")
     eval_data: str = option(None, "local data file to evaluate on, all of its rows (same format as --data); without "
                             "it a file given by --data is split in two (docs/real-models.md)", check="nonempty")
     train_problems: int = option(None, "train on a fixed set of this many problems, the same every step: the first "

@@ -10,10 +10,12 @@ from minies import UserError
 from minies.tasks import FORMAT_BONUS, TASKS, Countdown, get_task, parse_expression, qiu_rows
 
 GSM8K_FILE = Path(__file__).parent / "data" / "gsm8k_test.jsonl"
+ANSWERS_FILE = Path(__file__).parent / "data" / "answers.jsonl"
+DATA = {"gsm8k": GSM8K_FILE, "answers": ANSWERS_FILE}  # the tasks that read their problems
 
 
 def task(name, style, **kwargs):
-    return get_task(name, data=GSM8K_FILE if name == "gsm8k" else None, prompt_style=style, **kwargs)
+    return get_task(name, data=DATA.get(name), prompt_style=style, **kwargs)
 
 
 @pytest.mark.parametrize("name,terse,instruct", [("arithmetic", 10, 256), ("countdown", 32, 1024),

@@ -12,6 +12,8 @@ from minies.tasks import (ANSWER_TAG, FORMAT_BONUS, GSM8K, TASKS, Arithmetic, Co
                           SolvedProblem, get_task, last_answer_tag)
 
 GSM8K_FILE = Path(__file__).parent / "data" / "gsm8k_test.jsonl"
+ANSWERS_FILE = Path(__file__).parent / "data" / "answers.jsonl"
+DATA = {"gsm8k": GSM8K_FILE, "answers": ANSWERS_FILE}  # the tasks that read their problems
 
 # Hostile completions: each must be scored within a fraction of a second, without exceptions.
 HOSTILE = [
@@ -186,7 +188,7 @@ def test_solved_problem_equality_ignores_the_reference():
 
 @pytest.mark.parametrize("name,style", [(name, style) for name in sorted(TASKS) for style in ("terse", "instruct")])
 def test_train_and_test_never_overlap(name, style):
-    task = get_task(name, seed=0, data=GSM8K_FILE if name == "gsm8k" else None, prompt_style=style)
+    task = get_task(name, seed=0, data=DATA.get(name), prompt_style=style)
     test = {p.question for p in task.test_problems()}
     train = task.train_problems(2000, seed=0)
     assert len(test) == len(task.test_problems()) > 0 and len(train) == 2000

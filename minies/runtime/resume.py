@@ -13,6 +13,7 @@ from dataclasses import asdict
 
 from minies import UserError
 from minies.gguf import packaged_file
+from minies.tasks.task_file import is_task_file
 from minies.runtime import checkpoint
 
 
@@ -82,13 +83,14 @@ def typed(value):
 
 # The settings that name a file the run reads: config.json records each file's sha256 ("inputs"), and --resume
 # refuses a file whose content changed, as it refuses a changed setting (the same path may hold other problems).
-INPUT_FILES = ("data", "eval_data")
+INPUT_FILES = ("data", "eval_data", "task")
 
 
 def input_digests(cfg):
-    """{"--flag": {"path", "sha256"}} of every file the run reads (INPUT_FILES), for config.json."""
+    """{"--flag": {"path", "sha256"}} of every file the run reads (INPUT_FILES: --task when it names a file), for
+    config.json."""
     return {f"--{key.replace('_', '-')}": {"path": getattr(cfg, key), "sha256": sha256(getattr(cfg, key))}
-            for key in INPUT_FILES if getattr(cfg, key, None) is not None}
+            for key in INPUT_FILES if getattr(cfg, key, None) is not None and (key != "task" or is_task_file(cfg.task))}
 
 
 def sha256(path):
@@ -130,7 +132,7 @@ def check_resumed_settings(run_dir, cfg, algo_cfg, by_recipe, inputs=None, diffi
         raise UserError(f"--algo {cfg.algo}: {run_dir} was trained with --algo {recorded_train.get('algo')}")
 
     def same(key, a, b):
-        if isinstance(a, str) and isinstance(b, str) and key in ("model", "data", "eval_data"):
+        if isinstance(a, str) and isinstance(b, str) and key in ("model", "data", "eval_data", "task"):
             return real_path(a) == real_path(b)
         return a == b
 

@@ -68,12 +68,7 @@ class GSM8K(Task):
         tagged = last_answer_tag(completion)
         boxed = last_boxed(completion) if tagged is None else None
         text = tagged if tagged is not None else boxed if boxed is not None else completion if self.lenient else ""
-        found = GSM8K_NUMBER.findall(text)
-        if not found:
-            return make_score(False, True)
-        number = found[-1]
-        correct = len(number) <= MAX_ANSWER_CHARS and Fraction(number.replace(",", "")) == Fraction(problem.answer)
-        return make_score(correct, False, answer=number)
+        return score_last_number(text, problem.answer)
 
     def solution(self, problem):
         """The worked solution of the data file, then its final number in the answer tag."""
@@ -82,6 +77,17 @@ class GSM8K(Task):
     def shortest_answer(self, problem):
         """The final number alone in the answer tag, which the verifier accepts without any reasoning."""
         return f"<answer>{problem.answer}</answer>"
+
+
+def score_last_number(text, answer):
+    """The Score of the last number in `text` against `answer` (a number without thousands commas), compared
+    exactly; malformed where `text` holds no number."""
+    found = GSM8K_NUMBER.findall(text)
+    if not found:
+        return make_score(False, True)
+    number = found[-1]
+    correct = len(number) <= MAX_ANSWER_CHARS and Fraction(number.replace(",", "")) == Fraction(answer)
+    return make_score(correct, False, answer=number)
 
 
 def last_boxed(completion):
