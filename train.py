@@ -175,7 +175,13 @@ def train(cfg, algo_cfg, Algorithm, recipes, by_recipe, model_config, run_dir, m
     # --resume starts again from the start model too: the training state holds the trained weights (ES's masters,
     # GRPO's weights or adapters), and the model a checkpoint holds (merged, dequantized) is for eval.py.
     model = load_model(cfg.model, cfg.dtype, cfg.load_in_8bit)
+    requested_mode = getattr(algo_cfg, "mode", None)
     algo = Algorithm(model, tok, task, algo_cfg, chat_template=cfg.chat_template, compile_decoding=cfg.compile_decoding)
+    if main_rank and requested_mode == "auto" and algo_cfg.mode == "lowrank":
+        # auto never switches estimators in silence: lowrank's noise is not the full-rank noise of Qiu et al.
+        print(f"note: --mode auto runs lowrank: each member's noise is rank {algo_cfg.rank} (EGGROLL), added in the "
+              "forward pass, not the full-rank noise written into the weights that Qiu et al. ran (--mode inplace); "
+              "what each learns: docs/real-models.md#es-mode", file=sys.stderr)
     weight_bound = cfg.max_weight_growth * largest_weight(model)  # of the start model, also when resuming
 
     if resume_from:

@@ -87,7 +87,7 @@ class SmolConfig:
     quick: bool = option(False, "every piece at toy size on the shipped model (changes the defaults above)")
 
 
-QUICK = {"model": "minies/assets/tiny", "seeds": 2, "tokens": 1500, "es_prompts": 2, "problems": 8, "samples": 4,
+QUICK = {"model": "minies/assets/tiny", "seeds": 1, "tokens": 1500, "es_prompts": 2, "problems": 8, "samples": 4,
          "eval_problems": 8, "eval_samples": 2, "evals_per_run": 2, "transfer_samples": 2, "sparsity_samples": 2,
          "es_check_grid": "0.003:0.002", "high": 20, "calibration_levels": ["2:40"], "temperatures": [0.6, 1.6],
          "noise_scales": [0.01], "noise_samples": 2}

@@ -77,7 +77,8 @@ class ESConfig:
                               check="count")
     mode: str = option("auto", "inplace: perturb the weights, one member at a time; lowrank: EGGROLL, "
                        "rank-r noise added in the forward pass, many members per batch (minies/eggroll.py); auto: "
-                       "the faster of the two for the batch shape (minies/runtime/placement.py)",
+                       "the faster of the two for the batch shape (minies/runtime/placement.py), said at start when "
+                       "it is lowrank: another estimator than full-rank in place (docs/real-models.md#es-mode)",
                        choices=["auto", "inplace", "lowrank"])
     rank: int = option(1, "rank r of each member's perturbation A·Bᵀ/√r in lowrank mode", check="count")
     master_device: str = option("auto", "where the fp32 master weights live when the model is on CUDA: cpu (pinned "

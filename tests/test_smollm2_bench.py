@@ -62,14 +62,14 @@ def test_a_second_run_redoes_nothing_and_a_lost_piece_comes_back_the_same(quick)
     before = files(out)
     again = run(out)
     assert files(out) == before and again["table"] == results["table"]
-    lost = out / "evals" / "grpo-seed1.json"
+    lost = out / "evals" / "grpo-seed0.json"
     content = lost.read_bytes()
     lost.unlink()
-    (out / "runs" / "c3po-seed1" / "budget.json").unlink()  # stopped after training, before its record
+    (out / "runs" / "c3po-seed0" / "budget.json").unlink()  # stopped after training, before its record
     run(out, "--only", "evals,c3po")
     assert lost.read_bytes() == content
-    assert (out / "runs" / "c3po-seed1" / "budget.json").read_bytes() == before[
-        str(out / "runs" / "c3po-seed1" / "budget.json")][1]
+    assert (out / "runs" / "c3po-seed0" / "budget.json").read_bytes() == before[
+        str(out / "runs" / "c3po-seed0" / "budget.json")][1]
 
 
 @pytest.mark.parametrize("flags, message", [

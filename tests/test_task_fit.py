@@ -13,6 +13,7 @@ from minies.tasks import TASKS, Arithmetic, Countdown, get_task
 from minies.tasks.fit import check_answer_room, check_system
 
 GSM8K = str(REPO / "tests" / "data" / "gsm8k_test.jsonl")
+ANSWERS = str(REPO / "tests" / "data" / "answers.jsonl")
 QIU_MODEL = str(REPO / "minies" / "assets" / "tiny-qiu")
 
 
@@ -24,7 +25,7 @@ def chat_tokenizer():
 @pytest.mark.parametrize("name", sorted(TASKS))
 def test_every_task_and_prompt_style_fits_its_default_answers(name, chat_tokenizer):
     for style in TASKS[name].prompt_styles:
-        task = get_task(name, prompt_style=style, data=GSM8K if name == "gsm8k" else None)
+        task = get_task(name, prompt_style=style, data={"gsm8k": GSM8K, "answers": ANSWERS}.get(name))
         assert check_answer_room(task, chat_tokenizer) == [], (name, style)
 
 
