@@ -5,6 +5,8 @@ import json
 import os
 import shutil
 
+from minies.tasks import Task
+
 # A generated task; {question} is its prompt, {score} the body of its score().
 TASK = '''import math, time
 from minies.tasks import Problem, Score, Task, last_answer_tag, make_score
@@ -63,6 +65,8 @@ def changed_task_file(case_dir, fx):
     with open(path) as f:
         config = json.load(f)
     config["train"]["task"] = os.path.join(fx.root, "task-good.py")
+    # What the file's task resolves to, so that its text is the one difference (it sets no length of its own).
+    config["train"]["max_new_tokens"] = Task.default_max_new_tokens[config["train"]["prompt_style"]]
     config["inputs"] = {"--task": {"path": config["train"]["task"], "sha256": "0" * 64}}
     with open(path, "w") as f:
         json.dump(config, f)
