@@ -37,9 +37,9 @@ import train
 from bench import weight_noise
 from bench.budget import is_trained, train_to_budget, write_json
 from bench.reproduce import KEEP_FRACTIONS, load_weights, weights
-from minies import ArgumentParser, UserError, run_script
+from minies import ArgumentParser, UserError, check_writable, run_script
 from minies.analysis import sparsified
-from minies.config import add_arguments, from_args, option
+from minies.config import add_arguments, checked, from_args, option
 from minies.evaluate import evaluate
 from minies.models import default_device, load_config, load_model, load_tokenizer
 from minies.recipes import own_recipe, prompt_style_for, recipe_defaults
@@ -47,6 +47,7 @@ from minies.runtime import checkpoint, set_up_process
 from minies.tasks import get_task
 
 METHODS = ("es", "grpo", "c3po")
+PIECES = ("es-check", *METHODS, "sequential", "calibration", "noise", "evals", "sparsity")
 
 
 @dataclass
@@ -54,8 +55,8 @@ class SmolConfig:
     model: str = option("smollm2-135m", "the start model (its own recipe applies to every run)")
     out: str = option("results/smollm2", "output directory: evals/, runs/, es-check/, results.json, results.md, plots")
     numbers: list = option((3,), "the task level: numbers per sum (docs/results.md: where coverage can collapse)",
-                           nargs="+", type=int)
-    high: int = option(9, "the task level: the largest number, inclusive")
+                           nargs="+", type=checked(int, "numbers"))
+    high: int = option(9, "the task level: the largest number, inclusive", check="number_value")
     seeds: int = option(3, "seeds 0..S-1 for every method", check="positive")
     tokens: int = option(60_000, "generated training tokens per run, the same for every method", check="positive")
     es_mode: str = option("lowrank", "ES's estimator in the seeded runs (the ES check measures both)",
@@ -78,9 +79,10 @@ class SmolConfig:
                                       "at, as the chosen one (numbers per sum, comma-separated : the largest number)",
                                       nargs="+", type=str)
     temperatures: list = option((0.6, 0.8, 1.0, 1.2, 1.4, 1.6), "sampling temperatures of the temperature against "
-                                "weight noise comparison (bench/weight_noise.py)", nargs="+", type=float)
+                                "weight noise comparison (bench/weight_noise.py)", nargs="+",
+                                type=checked(float, "temperature"))
     noise_scales: list = option((0.002, 0.004, 0.008, 0.016), "weight noise scales s of that comparison", nargs="+",
-                                type=float)
+                                type=checked(float, "positive"))
     noise_samples: int = option(16, "answers per problem at each temperature and each noise scale", check="positive")
     only: str = option("", "comma-separated pieces this process does besides the start model's evaluation on "
                        "seed 0 (calibration, es-check, es, grpo, c3po, sequential, evals, sparsity, noise); '' for all")
@@ -102,6 +104,9 @@ def parse_args(argv):
         parser.set_defaults(**QUICK)
     cfg = from_args(SmolConfig, parser.parse_args(argv))
     grid(cfg), levels(cfg)  # a malformed --es-check-grid or level fails here, before anything runs
+    unknown = set(filter(None, cfg.only.split(","))) - set(PIECES)
+    if unknown:
+        raise UserError(f"--only {cfg.only}: no piece {', '.join(sorted(unknown))}; the pieces are {', '.join(PIECES)}")
     return cfg
 
 
@@ -281,6 +286,7 @@ def sparsity(cfg, tok, mean_length):
 
 def main(argv=None):
     cfg = parse_args(argv)
+    check_writable(cfg.out, "--out")
     set_up_process(default_device())
     began = time.time()
     tok = load_tokenizer(cfg.model)

@@ -77,11 +77,29 @@ def test_a_second_run_redoes_nothing_and_a_lost_piece_comes_back_the_same(quick)
     (["--es-check-grid", "0.001:-1"], "--es-check-grid"),
     (["--calibration-levels", "2-99"], "--calibration-levels"),
     (["--calibration-levels", "x:99"], "--calibration-levels"),
+    (["--only", "grpo,nothing"], "--only grpo,nothing: no piece nothing"),
 ])
 def test_malformed_lists_are_refused_before_anything_runs(flags, message, tmp_path):
     with pytest.raises(UserError, match=message):
         smollm2.parse_args(["--out", str(tmp_path), *flags])
     assert not any(tmp_path.iterdir())
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--numbers", "0"], "--numbers: 0 is not an integer"), (["--high", "-1"], "--high: -1 is not an integer"),
+    (["--temperatures", "0"], "--temperatures: 0 is not a number"), (["--noise-scales", "nan"], "--noise-scales"),
+    (["--tokens", "0"], "--tokens: 0 is not an integer"),
+])
+def test_bad_numbers_end_in_one_error_line(flags, message, capsys):
+    with pytest.raises(SystemExit):
+        smollm2.parse_args(flags)
+    assert message in capsys.readouterr().err.strip().splitlines()[-1]
+
+
+def test_an_out_under_a_file_is_refused_before_anything_runs(tmp_path):
+    (tmp_path / "file").write_text("")
+    with pytest.raises(UserError, match="is a file, not a directory"):
+        smollm2.main(["--quick", "--out", str(tmp_path / "file" / "out")])
 
 
 def test_weight_noise_leaves_the_model_exactly_as_it_was():
