@@ -149,12 +149,21 @@ def test_several_counts_mix_difficulties_and_one_count_draws_as_before():
         Countdown(numbers=[4, 7])
 
 
-def test_a_run_recorded_with_one_int_resumes_with_the_same_count_as_a_list(tmp_path, model_dir, capsys):
+def test_a_run_an_earlier_minies_recorded_resumes(tmp_path, model_dir, capsys):
+    """Its config.json has --numbers as one int, and no setting that came later (--match, --score-timeout, the
+    input files' hashes): the run ran with those settings' defaults, and resumes; a setting changed from its
+    default is still refused."""
     tiny = ["--model", model_dir, "--out", tmp_path, "--population", 4, "--prompts-per-step", 4, "--eval-problems", 4,
             "--final-samples", 2, "--eval-every", 0, "--save-every", 1, "--numbers", 3]
     assert run_in_process("train.py", *tiny, "--steps", 1)[0] == 0, capsys.readouterr().err[-3000:]
     config = tmp_path / "es-arithmetic-seed0" / "config.json"
     recorded = json.loads(config.read_text())
     recorded["train"]["numbers"] = 3  # as a run made when --numbers took one value recorded it
+    for key in ("match", "score_timeout"):
+        del recorded["train"][key]
+    del recorded["inputs"]
     config.write_text(json.dumps(recorded))
+    code, message = run_in_process("train.py", *tiny, "--steps", 2, "--resume", "--score-timeout", 5)
+    last = assert_one_line_error("resume with a later setting changed", code, capsys.readouterr().err + message)
+    assert "--score-timeout 5.0 (the run has 10.0)" in last, last
     assert run_in_process("train.py", *tiny, "--steps", 2, "--resume")[0] == 0, capsys.readouterr().err[-3000:]

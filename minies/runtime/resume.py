@@ -9,7 +9,7 @@ import hashlib
 import json
 import os
 import sys
-from dataclasses import asdict
+from dataclasses import asdict, fields
 
 from minies import UserError
 from minies.gguf import packaged_file
@@ -145,10 +145,13 @@ def check_resumed_settings(run_dir, cfg, algo_cfg, by_recipe, inputs=None, diffi
     def origin(key):
         return f"from {by_recipe[key]}; " if key in by_recipe else ""
 
-    differences = [f"--{key.replace('_', '-')} {typed(now)} ({origin(key)}the run has {typed(recorded_part.get(key))})"
+    # A setting the run's config.json does not name came with a later minies: the run ran with its default.
+    defaults = {f.name: f.default for config in (cfg, algo_cfg) for f in fields(config)}
+    differences = [f"--{key.replace('_', '-')} {typed(now)} ({origin(key)}the run has "
+                   f"{typed(recorded_part.get(key, defaults[key]))})"
                    for recorded_part, settings in ((recorded_train, now_train), (recorded[cfg.algo], asdict(algo_cfg)))
                    for key, now in settings.items()
-                   if key not in MAY_CHANGE_ON_RESUME and not same(key, now, recorded_part.get(key))]
+                   if key not in MAY_CHANGE_ON_RESUME and not same(key, now, recorded_part.get(key, defaults[key]))]
     if differences and recorded_train.get("recipe") not in (None, cfg.recipe):  # the flag that gives them back
         differences.append(f"the run was made with --recipe {recorded_train['recipe']}")
     changed = changed_inputs(recorded.get("inputs"), inputs or {})
