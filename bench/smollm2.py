@@ -224,7 +224,7 @@ def final_model(run_dir):
 def es_check(cfg, tok, mean_length):
     for name, flags in es_check_runs(cfg).items():
         train_run(cfg, os.path.join(cfg.out, "es-check", name), flags + ["--seed", 0],
-                        cfg.tokens // 3 if name.startswith("es-sigma") else cfg.tokens, mean_length)
+                  cfg.tokens // 3 if name.startswith("es-sigma") else cfg.tokens, mean_length)
 
 
 def sequential(cfg, tok, mean_length):

@@ -137,7 +137,8 @@ def markdown(cfg, results):
         lines.append(f"| {name} | {r['steps']} | {r['tokens']} | {r['seconds'] / 60:.1f} | "
                      f"{r['entropy'][0][2]:.3f} → {r['entropy'][-1][2]:.3f} |")
     check = results["es_check"]
-    lines += ["", f"ES check (seed 0; pass@1 at equal wall time: read at {check['equal_time_seconds'] / 60:.1f} min)", "",
+    lines += ["", "ES check (seed 0; pass@1 at equal wall time: read at "
+              f"{check['equal_time_seconds'] / 60:.1f} min)", "",
               "| run | mode | rank | σ | α | steps | tokens | s/step | pass@1 | pass@1 at equal time |",
               "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for name, r in check["rows"].items():

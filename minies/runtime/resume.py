@@ -49,8 +49,8 @@ def where_resume_looked(cfg, by_recipe):
 
 
 def restore(state, algo):
-    """(step, tokens generated up to that step, the run's "before" evaluation) of a checkpoint's `state`, its RNGs and the algorithm's
-    state restored. The RNGs only now: building the algorithm draws from them."""
+    """(step, tokens generated up to that step, the run's "before" evaluation) of a checkpoint's `state`, its RNGs
+    and the algorithm's state restored. The RNGs only now: building the algorithm draws from them."""
     checkpoint.set_rng_state(state["rng"])
     algo.load_state_dict(state["algorithm"])
     progress = state["step"], state["tokens"], state["before"]
