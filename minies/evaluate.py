@@ -7,9 +7,9 @@ distinct ones the n samples found per solved problem ("distinct_correct") and wh
 the n samples gets right: the problems a policy that sharpens towards its greedy answer can stop solving, where a
 fall in pass@k at large k shows first. "answer_diversity" is the verifier-projected Jensen-Shannon diversity of the
 n samples, each taken as a member (minies/analysis.py; 0: every sample of a problem answers alike, 1: all differ):
-the diversity of a policy's samples, on the scale of ES's population diversity. "ci95_pass@1" is the half-width of pass@1's 95% interval over problems: 1.96 standard errors
-of the mean of the problems' own pass@1 (a run that moves pass@1 by less than the two intervals' overlap may not
-have moved it at all)."""
+the diversity of a policy's samples, on the scale of ES's population diversity. "ci95_pass@1" is the half-width of
+pass@1's 95% interval over problems: 1.96 standard errors of the mean of the problems' own pass@1 (a run that moves
+pass@1 by less than the two intervals' overlap may not have moved it at all)."""
 import numpy as np
 import torch
 from tqdm import tqdm
