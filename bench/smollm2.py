@@ -19,7 +19,8 @@ The pieces, in order:
 3. ES (in --es-mode), GRPO and C3PO for seeds 0..S-1 at the same --tokens; ES's seed-0 run is the check's run of
    the same mode when there is one.
 4. Every final model on its seed's held-out split, as the start model (evals/<run>.json), and on --transfer-numbers
-   sums (evals/<run>-transfer.json): does a trained model keep a skill it was not trained on?
+   sums (evals/<run>-transfer.json): does a trained model keep a skill it was not trained on? And its drift from the
+   start model, ‖θ − θ0‖ (evals/<run>-drift.json): large drift without forgetting?
 5. Functional sparsity: seed 0's ES and GRPO models with only the largest x% of |θ − θ0| applied.
 6. Sequential training: GRPO for half the budget, then ES for the other half from GRPO's model (seed 0).
 7. The calibration: the start model at --calibration-levels, as at the chosen level (1).
@@ -38,7 +39,7 @@ from bench import weight_noise
 from bench.budget import is_trained, train_to_budget, write_json
 from bench.reproduce import KEEP_FRACTIONS, load_weights, weights
 from minies import ArgumentParser, UserError, check_writable, run_script
-from minies.analysis import sparsified
+from minies.analysis import drift, sparsified
 from minies.config import add_arguments, checked, from_args, option
 from minies.evaluate import evaluate
 from minies.models import default_device, load_config, load_model, load_tokenizer
@@ -257,7 +258,8 @@ def noise(cfg, tok, mean_length):
 
 
 def final_evals(cfg, tok, mean_length):
-    """Every trained run's final model on its seed's split and on the other task level; the start model too."""
+    """Every trained run's final model on its seed's split and on the other task level (the start model too), and
+    how far it moved, ‖θ − θ0‖ in total and per layer type."""
     for seed in range(1, cfg.seeds):
         saved(eval_file(cfg, f"start-seed{seed}"), lambda: held_out(cfg, tok, load_model(cfg.model),
                                                                     make_task(cfg, seed), cfg.samples, cfg.problems))
@@ -270,6 +272,8 @@ def final_evals(cfg, tok, mean_length):
                                                          cfg.samples, cfg.problems))
             saved(eval_file(cfg, f"{name}-transfer"), lambda: held_out(cfg, tok, final_model(run_dir), transfer,
                                                                        cfg.transfer_samples, cfg.problems))
+            saved(eval_file(cfg, f"{name}-drift"), lambda: drift(weights(load_weights(cfg.model)),
+                                                                 weights(final_model(run_dir))))
 
 
 def sparsity(cfg, tok, mean_length):

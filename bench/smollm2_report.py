@@ -31,7 +31,7 @@ def eval_path(cfg, name):
 def complete(cfg):
     """Whether every piece's file is there (the report is written only then)."""
     names = [f"start-seed{s}" for s in range(cfg.seeds)] + list(seeded_runs(cfg)) + ["start-transfer"]
-    names += [f"{n}-transfer" for n in seeded_runs(cfg)]
+    names += [f"{n}-{kind}" for n in seeded_runs(cfg) for kind in ("transfer", "drift")]
     names += [f"{m}-seed0-keep{k:g}" for m in ("es", "grpo") for k in KEEP_FRACTIONS[1:-1]]
     names += list(levels(cfg)) + ["grpo-es-seed0"] + [f"noise-T{t:g}" for t in cfg.temperatures]
     names += [f"noise-s{s:g}" for s in cfg.noise_scales]
@@ -90,6 +90,8 @@ def summarize(cfg):
     for method in METHODS:
         transfer[method] = {k: stats([load(eval_path(cfg, f"{method}-seed{s}-transfer")).get(k)
                                       for s in range(cfg.seeds)]) for k in ("pass@1", "greedy_accuracy")}
+    drifts = {method: {kind: stats([load(eval_path(cfg, f"{method}-seed{s}-drift"))[kind] for s in range(cfg.seeds)])
+                       for kind in ("total", "embedding", "attention", "mlp", "norm")} for method in METHODS}
     sparsity = {m: {f"{k:g}": load(eval_path(cfg, f"{m}-seed0-keep{k:g}"))["pass@1"] for k in KEEP_FRACTIONS[1:-1]}
                 for m in ("es", "grpo")}
     logs = {name: read_log(run_dir) for name, (_, _, run_dir) in runs.items()}
@@ -105,7 +107,8 @@ def summarize(cfg):
     calibration = {"chosen": finals["start"][0], **{name: load(eval_path(cfg, name)) for name in levels(cfg)}}
     noise = {"temperature": [load(eval_path(cfg, f"noise-T{t:g}")) for t in cfg.temperatures],
              "weights": [load(eval_path(cfg, f"noise-s{s:g}")) for s in cfg.noise_scales]}
-    return {"finals": finals, "table": table, "transfer": transfer, "sparsity": sparsity, "training": training,
+    return {"finals": finals, "table": table, "transfer": transfer, "drift": drifts, "sparsity": sparsity,
+            "training": training,
             "rescue": rescued, "es_js_diversity": diversity, "es_check": es_check(cfg), "calibration": calibration,
             "sequential": load(eval_path(cfg, "grpo-es-seed0")), "noise": noise}
 
@@ -162,6 +165,10 @@ def markdown(cfg, results):
     lines += ["", f"Another task level ({cfg['transfer_numbers']} numbers in 0..99), pass@1 / greedy", "",
               f"start model {pct(tr['start']['pass@1'])} / {pct(tr['start']['greedy_accuracy'])}; "
               + "; ".join(f"{LABELS[m]} {fmt(tr[m]['pass@1'])} / {fmt(tr[m]['greedy_accuracy'])}" for m in METHODS)]
+    kinds = ("embedding", "attention", "mlp", "norm")
+    lines += ["", f"Drift ‖θ − θ0‖ (total; {', '.join(kinds)})", "",
+              "; ".join(f"{LABELS[m]} {fmt(d['total'], 1, 2)} (" + ", ".join(fmt(d[k], 1, 2) for k in kinds) + ")"
+                        for m, d in results["drift"].items())]
     lines += ["", "Functional sparsity (seed 0, pass@1 with only the largest x of |θ − θ0| applied)", "",
               "; ".join(f"{LABELS[m]}: " + ", ".join(f"{k}: {pct(v)}" for k, v in keeps.items())
                         for m, keeps in results["sparsity"].items())]

@@ -41,7 +41,8 @@ def quick(tmp_path_factory):
 def test_every_piece_is_in_the_results(quick):
     out, results = quick
     assert {"table", "training", "es_check", "calibration", "sequential", "noise", "sparsity", "rescue",
-            "transfer"} <= results.keys()
+            "transfer", "drift"} <= results.keys()
+    assert all(d["total"]["mean"] > 0 for d in results["drift"].values())  # every method moved its weights
     assert set(results["table"]) == {"start", "es", "grpo", "c3po"}
     assert set(results["es_check"]["rows"]) == {"es-inplace", "es-lowrank-r1", "es-lowrank-r8",
                                                 "es-sigma0.003-alpha0.002"}
