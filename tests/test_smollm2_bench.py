@@ -9,7 +9,8 @@ import os
 import pytest
 import torch
 
-from bench import smollm2, weight_noise
+import train
+from bench import budget, smollm2, weight_noise
 from conftest import single_thread
 from minies import UserError
 from minies.evaluate import evaluate
@@ -123,3 +124,19 @@ def test_solved_only_by_sampling_lies_between_its_bounds():
         # ones greedy decoding solves.
         assert e["pass@4"] - e["greedy_accuracy"] <= e["sampling_only"] <= e["pass@4"]
         assert 0 <= e["answer_diversity"] <= 1
+
+
+def test_a_run_stopped_anywhere_ends_as_an_unbroken_one(tmp_path):
+    """bench/budget.py: a run stopped after its first step (its checkpoint kept) and trained to the budget again
+    takes the same steps and logs the same rows as one trained to the budget at once."""
+    flags = ["--algo", "grpo", "--model", SHIPPED, "--prompts", 4, "--group-size", 4, "--save-every", 1,
+             "--eval-every", 2, "--eval-problems", 4, "--eval-samples", 2, "--final-samples", 2]
+    with single_thread(), contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+        unbroken = budget.train_to_budget(str(tmp_path / "a"), flags, 400, 6)
+        train.main([str(f) for f in flags + ["--out", tmp_path, "--run-name", "b", "--steps", 1]])  # then "killed"
+        stopped = budget.train_to_budget(str(tmp_path / "b"), flags, 400, 6)
+    assert unbroken["steps"] == stopped["steps"] and unbroken["tokens"] == stopped["tokens"] >= 300
+
+    def rows(run):
+        return [{k: v for k, v in row.items() if k != "seconds"} for row in budget.read_log(str(tmp_path / run))]
+    assert rows("a") == rows("b")
