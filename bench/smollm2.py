@@ -1,14 +1,15 @@
 """The founding papers' claims on a real model, SmolLM2-135M-Instruct (docs/results.md section 5).
 
-    OMP_NUM_THREADS=2 python -m bench.smollm2 --out results/smollm2     # hours on 2 cores; run it again after any stop
+    OMP_NUM_THREADS=1 python -m bench.smollm2 --out results/smollm2     # hours; run it again after any stop
     python -m bench.smollm2 --quick --out /tmp/smollm2-quick            # every stage at toy size on the shipped model
 
 Every piece of work leaves a file behind it, and a run of the command does only the pieces whose files are
 missing: a stopped run (a kill, a full disk, the end of a session) goes on where it was when the command is given
 again, and a training run stopped mid-way continues from its last checkpoint (train.py --resume: bit-identical to an
-unbroken run). Set OMP_NUM_THREADS: a sampled run repeats to the last bit only at a fixed thread count
-(minies/runtime/threads.py), and the command records the count it ran at. `--only` splits the work between
-processes (e.g. one for the ES check, one for GRPO and C3PO), each with OMP_NUM_THREADS=1.
+unbroken run). Set OMP_NUM_THREADS, and keep it: a sampled run repeats to the last bit only at a fixed thread count
+(minies/runtime/threads.py), a run resumed at another count parts from an unbroken one, and results/smollm2 was
+made at 1 (results.json records the count). `--only` splits the work between processes, e.g. one for the ES
+check and one for GRPO and C3PO on a 2-core machine.
 
 The pieces, in order:
 1. The start model on seed 0's held-out split (--problems × --samples, and greedily): evals/start-seed0.json; its
