@@ -102,3 +102,13 @@ def test_masters_on_cuda_restore_and_update_like_pinned_host_masters(tiny_model_
     (drift_a, masters_a, params_a), (drift_b, masters_b, params_b) = runs.values()
     assert drift_a == drift_b and drift_a > 0
     assert all(torch.equal(a, b) for a, b in zip(masters_a + params_a, masters_b + params_b))
+
+
+@pytest.mark.parametrize("mode, says", [("auto", True), ("lowrank", False), ("inplace", False)])
+def test_auto_says_at_start_when_it_runs_lowrank(mode, says, tmp_path, model_dir, capsys):
+    """Lowrank is another estimator than in-place ES: --mode auto never switches to it in silence."""
+    code, _ = run_in_process("train.py", "--model", model_dir, "--out", tmp_path, "--steps", 1, "--population", 4,
+                             "--prompts-per-step", 2, "--eval-problems", 2, "--final-samples", 1, "--mode", mode)
+    err = capsys.readouterr().err
+    assert code == 0, err[-2000:]
+    assert ("note: --mode auto runs lowrank: each member's noise is rank 1 (EGGROLL)" in err) == says
