@@ -11,7 +11,7 @@ many cores the *other* programs used since the last look (the machine's busy tim
 own), and runs on the cores left, at most as many threads as it started with, at least one. On a quiet machine
 nothing changes. The count can change a result's last bits: a reduction split over another number of threads
 rounds differently (with longer rows than the shipped terse models', whose results are bit-identical on one thread
-and on two), so a sampled run that shares a busy machine repeats only with the count fixed. OMP_NUM_THREADS, when
+and on two), so a sampled run on a CPU shared with other work repeats only with the count fixed. OMP_NUM_THREADS, when
 set, wins: the count is then fixed (docs/speed.md, "A CPU shared with other work").
 """
 import os
