@@ -11,21 +11,21 @@ A model that names its own recipe (the shipped models: minies/recipes.py) is ask
 style, on its task unless --task says otherwise.
 """
 import argparse
-import dataclasses
 import json
 import os
 import sys
 from dataclasses import dataclass
 
-from minies import ArgumentParser, UserError, check_thread_variable, check_writable, run_script
-from minies.runtime import set_up_process
-from minies.config import ModelOptions, TaskOptions, add_arguments, checked, from_args, note_compile_decoding, option
+from minies import UserError
+from minies.cli import ArgumentParser, check_thread_variable, check_writable, run_script
+from minies.config import checked, from_args, option
 from minies.evaluate import evaluate
-from minies.models import default_device, default_model, load_config, load_model, load_tokenizer, position_notes
-from minies.recipes import naming_recipes, own_recipe, prompt_style_for, recipe_defaults, recipe_origins, set_by_recipe
+from minies.models import default_device, load_config, load_model, load_tokenizer, resolve_model
+from minies.options import ModelOptions, TaskOptions, check_fit, first_pass, make_task, note_compile_decoding
+from minies.options import own_recipe_of, parse as parse_options
+from minies.recipes import set_by_recipe
 from minies.rollout import encode
-from minies.tasks import get_task
-from minies.tasks.fit import check_answer_room, check_system
+from minies.runtime import set_up_process
 
 
 @dataclass
@@ -53,19 +53,11 @@ def parse_args(argv):
 
 def parse(argv):
     """(EvalConfig, the model's own recipe or None)."""
-    pre = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
-    for flag in ("--model", "--task"):
-        pre.add_argument(flag)
-    known = pre.parse_known_args(argv)[0]
+    known = first_pass(argv)
     ap = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     # The task-level settings of the model's own recipe (its prompt style, its task).
-    own = own_recipe(known.model or default_model(known.task or EvalConfig.task))
-    names = {f.name for f in dataclasses.fields(EvalConfig)}
-    add_arguments(ap, EvalConfig, "evaluation", recipe_origins([own], None, names, known.task))
-    ap.set_defaults(**recipe_defaults([own], None, names, known.task))
-    cfg = from_args(EvalConfig, ap.parse_args(argv))
-    cfg.model = cfg.model or default_model(cfg.task)
-    return cfg, own
+    own = own_recipe_of(known.model, known.task)
+    return from_args(EvalConfig, parse_options(ap, argv, {"evaluation": EvalConfig}, [own], None, known.task)), own
 
 
 def main(argv=None):
@@ -89,21 +81,12 @@ def main(argv=None):
     if cfg.lenient_answers and cfg.task != "gsm8k":
         raise UserError(f"--lenient-answers: only --task gsm8k has a lenient reading; --task {cfg.task} reads "
                         "answers one way only, so drop it")
-    model_config = load_config(cfg.model)
-    style = prompt_style_for(cfg.prompt_style, model_config, cfg.task)
-    with naming_recipes(cfg, by_recipe):
-        task = get_task(cfg.task, seed=cfg.seed, data=cfg.data, prompt_style=style, max_new_tokens=cfg.max_new_tokens,
-                        lenient_answers=cfg.lenient_answers, eval_data=cfg.eval_data,
-                        train_problems=cfg.train_problems, reward=cfg.reward, system=cfg.system, numbers=cfg.numbers,
-                        low=cfg.low, high=cfg.high, match=cfg.match, score_timeout=cfg.score_timeout)
-    for note in task.notes + position_notes(model_config, task.max_new_tokens):
-        print(f"note: {note}", file=sys.stderr)
-    tok = load_tokenizer(cfg.model)
-    with naming_recipes(cfg, by_recipe):
-        for note in check_answer_room(task, tok):
-            print(f"note: {note}", file=sys.stderr)
-        check_system(task, tok, cfg.chat_template, cfg.system, getattr(model_config, "max_position_embeddings", None),
-                     task.max_new_tokens)
+    source = resolve_model(cfg.model)  # once: a GGUF file is converted here, or found converted
+    model_config = load_config(source)
+    task = make_task(cfg, model_config, by_recipe, lenient_answers=cfg.lenient_answers)
+    style = task.prompt_style
+    tok = load_tokenizer(source)
+    check_fit(task, tok, cfg, model_config, by_recipe)
     if cfg.show_prompt:
         prompt = task.prompts(tok, task.test_problems(1), cfg.chat_template)[0]
         length = len(encode(tok, [prompt])['input_ids'][0])
@@ -113,7 +96,7 @@ def main(argv=None):
             write_json(cfg.out, {"model": cfg.model, "task": cfg.task, "prompt_style": style, "prompt": prompt,
                                  "tokens": length})
         return
-    model = load_model(cfg.model, cfg.dtype, cfg.load_in_8bit)
+    model = load_model(source, cfg.dtype, cfg.load_in_8bit)
     metrics = evaluate(model, tok, task, task.test_problems(cfg.problems), n=cfg.n, ks=cfg.k,
                        temperature=cfg.temperature, seed=cfg.seed, micro_batch=cfg.micro_batch,
                        chat_template=cfg.chat_template, compile_decoding=cfg.compile_decoding, progress=True)

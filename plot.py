@@ -11,7 +11,8 @@ import argparse
 import json
 import os
 
-from minies import ArgumentParser, UserError, check_writable, run_script
+from minies import UserError
+from minies.cli import ArgumentParser, check_writable, run_script
 
 # (log key of every step, log key of the held-out evaluations, summary.json key, panel title)
 PANELS = [("reward_mean", None, None, "training reward (mean over the step's completions)"),

@@ -23,20 +23,21 @@ from dataclasses import asdict, dataclass
 import torch
 from tqdm import tqdm
 
-from minies import ArgumentParser, UserError, check_thread_variable, check_writable, run_script
-from minies.config import ModelOptions, TaskOptions, add_arguments, from_args, note_compile_decoding, option
+from minies import UserError
+from minies.cli import ArgumentParser, check_thread_variable, check_writable, run_script
+from minies.config import from_args, option
 from minies.evaluate import evaluate
-from minies.models import default_device, default_model, load_config, load_model, load_tokenizer, position_notes
-from minies.recipes import RECIPES, naming_recipes, own_recipe, prompt_style_for, recipe_defaults, recipe_origins
-from minies.recipes import length_origin, set_by_recipe
+from minies.models import default_device, load_config, load_model, load_tokenizer, resolve_model
+from minies.options import ModelOptions, TaskOptions, check_fit, first_pass, make_task, note_compile_decoding
+from minies.options import own_recipe_of, parse, task_settings
+from minies.recipes import RECIPES, set_by_recipe
 from minies.recipes import describe as describe_recipes
 from minies.runtime import checkpoint, distributed, set_up_process
 from minies.runtime.checkpoint import written
 from minies.runtime.guard import Diverged, check_weights, largest_weight
 from minies.runtime.resume import check_resumed_settings, checkpoint_to_resume, input_digests, open_log, restore
 from minies.runtime.run_lock import run_directory_lock
-from minies.tasks import get_task, task_label
-from minies.tasks.fit import check_answer_room, check_system
+from minies.tasks import task_label
 
 
 def algorithms():
@@ -81,10 +82,7 @@ def parse_args(argv):
     """(TrainConfig, the algorithm's config, the algorithm's class, the recipes applied, weakest first)."""
     # Two passes: --recipe, --algo and the model decide which flags exist and their defaults (--help shows
     # only those).
-    pre = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
-    for flag in ("--algo", "--recipe", "--model", "--task"):
-        pre.add_argument(flag)
-    known = pre.parse_known_args(argv)[0]
+    known = first_pass(argv, "--algo", "--recipe")
     recipe = RECIPES.get(known.recipe)
     if known.recipe is not None and recipe is None:
         raise UserError(f"--recipe {known.recipe}: unknown recipe; choose one of {', '.join(RECIPES)}")
@@ -98,21 +96,14 @@ def parse_args(argv):
     # A recipe's task-level values (its prompt style, ...) apply only with its task (Recipe.settings): the task
     # given, else --recipe's, else each recipe's own.
     chosen_task = known.task or (recipe.settings(algo).get("task") if recipe else None)
-    recipes = [own_recipe(known.model or default_model(chosen_task or TrainConfig.task)), known.recipe]
+    recipes = [own_recipe_of(known.model, chosen_task), known.recipe]
     parser = ArgumentParser(description=__doc__, epilog="recipes (--recipe NAME):\n" + describe_recipes(),
                             formatter_class=argparse.RawDescriptionHelpFormatter)
     config_class, algorithm = table[algo]
     module = f"minies/{algorithm.__module__.split('.')[-1]}.py"
-    names = {f.name for config in (TrainConfig, config_class) for f in dataclasses.fields(config)}
-    origins = {"steps": f"{module}: {algorithm.__name__}.default_steps",
-               "max_new_tokens": length_origin(recipes, algo, chosen_task, TrainConfig.task),
-               **recipe_origins(recipes, algo, names, chosen_task)}
-    add_arguments(parser, TrainConfig, "training", origins)
-    add_arguments(parser, config_class, f"{algo} (see {module})", origins)
-    parser.set_defaults(algo=algo, steps=algorithm.default_steps)
-    parser.set_defaults(**recipe_defaults(recipes, algo, names, chosen_task))
-    args = parser.parse_args(argv)
-    args.model = args.model or default_model(args.task)  # resolved here, so config.json records the path
+    args = parse(parser, argv, {"training": TrainConfig, f"{algo} (see {module})": config_class}, recipes, algo,
+                 chosen_task, defaults={"algo": algo, "steps": algorithm.default_steps},
+                 origins={"steps": f"{module}: {algorithm.__name__}.default_steps"})
     applied = list(dict.fromkeys(name for name in recipes if name))  # --recipe tiny on the tiny model: once
     return from_args(TrainConfig, args), from_args(config_class, args), algorithm, applied
 
@@ -149,50 +140,48 @@ def main(argv=None):
     if main_rank:
         print_settings(argv, recipes, cfg, algo_cfg)
     check_run_name(cfg.run_name)
-    model_config = load_config(cfg.model)  # a missing model is named before anything about its run
+    source = resolve_model(cfg.model)  # once: a GGUF file is converted here, or found converted
+    model_config = load_config(source)  # a missing model is named before anything about its run
     run_dir = os.path.join(cfg.out, cfg.run_name or f"{cfg.algo}-{task_label(cfg.task)}-seed{cfg.seed}")
     check_writable(run_dir, "--out")
     with run_directory_lock(run_dir) if main_rank else contextlib.nullcontext():  # before anything is written
-        train(cfg, algo_cfg, Algorithm, recipes, by_recipe, model_config, run_dir, main_rank)
+        train(cfg, algo_cfg, Algorithm, recipes, by_recipe, source, model_config, run_dir, main_rank)
     distributed.close()
 
 
-def train(cfg, algo_cfg, Algorithm, recipes, by_recipe, model_config, run_dir, main_rank):
+def train(cfg, algo_cfg, Algorithm, recipes, by_recipe, source, model_config, run_dir, main_rank):
     """The run in `run_dir`, new or resumed, to its summary."""
     inputs = input_digests(cfg)  # of the files as the run starts reading them
     resume_from, state = checkpoint_to_resume(run_dir, cfg, by_recipe, main_rank)
 
     torch.manual_seed(cfg.seed)
-    task = make_task(cfg, model_config, main_rank, by_recipe)
-    tok = load_tokenizer(cfg.model)
-    with naming_recipes(cfg, by_recipe):
-        notes = check_answer_room(task, tok)
-        check_system(task, tok, cfg.chat_template, cfg.system, getattr(model_config, "max_position_embeddings", None),
-                     task.max_new_tokens)
-    if main_rank:
-        for note in notes:
-            print(f"note: {note}", file=sys.stderr)
+    task = make_task(cfg, model_config, by_recipe, speak=main_rank, to_train=True)
+    tok = load_tokenizer(source)
+    check_fit(task, tok, cfg, model_config, by_recipe, speak=main_rank)
     # --resume starts again from the start model too: the training state holds the trained weights (ES's masters,
     # GRPO's weights or adapters), and the model a checkpoint holds (merged, dequantized) is for eval.py.
-    model = load_model(cfg.model, cfg.dtype, cfg.load_in_8bit)
-    requested_mode = getattr(algo_cfg, "mode", None)
-    algo = Algorithm(model, tok, task, algo_cfg, chat_template=cfg.chat_template, compile_decoding=cfg.compile_decoding)
-    if main_rank and requested_mode == "auto" and algo_cfg.mode == "lowrank":
+    model = load_model(source, cfg.dtype, cfg.load_in_8bit)
+    algorithm = Algorithm(model, tok, task, algo_cfg, chat_template=cfg.chat_template,
+                          compile_decoding=cfg.compile_decoding)
+    if main_rank and getattr(algo_cfg, "mode", None) == "auto" and algorithm.resolved["mode"] == "lowrank":
         # auto never switches estimators in silence: lowrank's noise is not the full-rank noise of Qiu et al.
         print(f"note: --mode auto runs lowrank: each member's noise is rank {algo_cfg.rank} (EGGROLL), added in the "
               "forward pass, not the full-rank noise written into the weights that Qiu et al. ran (--mode inplace); "
               "what each learns: docs/real-models.md#es-mode", file=sys.stderr)
     weight_bound = cfg.max_weight_growth * largest_weight(model)  # of the start model, also when resuming
+    # Every setting as the run resolved it: the flags, and what the task and the algorithm chose for those left
+    # to them (config.json records it; --resume compares it).
+    settings = run_settings(cfg, algo_cfg, task_settings(task), algorithm.resolved)
 
     if resume_from:
         # Every setting resolved, before anything is restored.
-        check_resumed_settings(run_dir, cfg, algo_cfg, by_recipe, inputs, task.difficulty)
-        start_step, tokens, before = restore(state, algo)
+        check_resumed_settings(run_dir, settings, (cfg, algo_cfg), by_recipe, inputs, task.difficulty)
+        start_step, tokens, before = restore(state, algorithm)
     else:
         start_step, tokens = 0, 0
         before = heldout(model, tok, task, cfg, cfg.final_samples, main_rank)
         if main_rank:
-            write_config(run_dir, cfg, algo_cfg, recipes, inputs)
+            write_config(run_dir, settings, recipes, inputs)
             print("before: " + _fmt(before))
     log = open_log(run_dir, start_step, resume_from) if main_rank else None
 
@@ -202,7 +191,7 @@ def train(cfg, algo_cfg, Algorithm, recipes, by_recipe, model_config, run_dir, m
     for step in bar:
         # Each step's prompts and seeds depend only on (seed, step): the same on every rank and after --resume.
         step_seed = cfg.seed * 1_000_003 + step
-        stats = guarded_step(algo, task, step_seed, step + 1, model, weight_bound)
+        stats = guarded_step(algorithm, task, step_seed, step + 1, model, weight_bound)
         tokens += stats.pop("tokens", 0)
         tied_steps += bool(stats.get("all_tied"))
         row = {"step": step + 1, **stats, "tokens": tokens, "seconds": round(time.time() - wall, 2)}
@@ -215,7 +204,7 @@ def train(cfg, algo_cfg, Algorithm, recipes, by_recipe, model_config, run_dir, m
             append_row(log, row)
             bar.set_postfix(reward=f"{stats.get('reward_mean', 0):.3f}")
         if (step + 1) % cfg.save_every == 0 or step + 1 == cfg.steps:
-            save(run_dir, step + 1, algo, tok, {"tokens": tokens, "before": before}, cfg.keep_checkpoints)
+            save(run_dir, step + 1, algorithm, tok, {"tokens": tokens, "before": before}, cfg.keep_checkpoints)
     bar.close()
 
     after = heldout(model, tok, task, cfg, before["n"], main_rank)
@@ -231,47 +220,37 @@ def check_run_name(run_name):
                         "--out (no '..', '.', leading '/')")
 
 
-def make_task(cfg, model_config, main_rank, by_recipe):
-    """The task, with the prompt style, reward and generation length resolved into `cfg` (config.json records
-    them), and its notes printed."""
-    cfg.prompt_style = prompt_style_for(cfg.prompt_style, model_config, cfg.task)
-    with naming_recipes(cfg, by_recipe):
-        task = get_task(cfg.task, seed=cfg.seed, data=cfg.data, prompt_style=cfg.prompt_style,
-                        max_new_tokens=cfg.max_new_tokens, eval_data=cfg.eval_data, train_problems=cfg.train_problems,
-                        reward=cfg.reward, system=cfg.system, numbers=cfg.numbers, low=cfg.low, high=cfg.high,
-                        match=cfg.match, score_timeout=cfg.score_timeout)
-    if cfg.data is None and task.needs_data:
-        raise UserError(task.data_help)
-    cfg.max_new_tokens, cfg.reward = task.max_new_tokens, task.reward
-    if main_rank:
-        for note in task.notes + position_notes(model_config, task.max_new_tokens):
-            print(f"note: {note}", file=sys.stderr)
-    return task
+def run_settings(cfg, algo_cfg, resolved_task=(), resolved_algorithm=()):
+    """{"train": its settings, ALGO: the algorithm's}, as config.json records them: each flag's value, over it
+    what the task and the algorithm resolved (`resolved_task`, `resolved_algorithm`: {setting: value})."""
+    return {"train": {**asdict(cfg), **dict(resolved_task)},
+            cfg.algo: {**asdict(algo_cfg), **dict(resolved_algorithm)}}
 
 
-def write_config(run_dir, cfg, algo_cfg, recipes, inputs):
-    """config.json: every setting as resolved, the recipes applied, and the sha256 of each file the run reads."""
+def write_config(run_dir, settings, recipes, inputs):
+    """config.json: every setting as resolved (run_settings), the recipes applied, and the sha256 of each file the
+    run reads."""
     os.makedirs(run_dir, exist_ok=True)
     with written(os.path.join(run_dir, "config.json")) as f:
-        json.dump({"train": asdict(cfg), cfg.algo: asdict(algo_cfg), "recipes": recipes, "inputs": inputs}, f,
-                  indent=1)
+        json.dump({**settings, "recipes": recipes, "inputs": inputs}, f, indent=1)
 
 
-def guarded_step(algo, task, step_seed, step, model, weight_bound):
+def guarded_step(algorithm, task, step_seed, step, model, weight_bound):
     """The algorithm's step number `step`, its weights checked before the step is logged or saved: every
     checkpoint stays good."""
     try:
-        stats = algo.step(task.train_problems(algo.prompts_per_step, seed=step_seed), step_seed)
+        stats = algorithm.step(task.train_problems(algorithm.prompts_per_step, seed=step_seed), step_seed)
         check_weights(model, weight_bound)
     except Diverged as e:
         raise Diverged(e.what, step, e.why) from None
     return stats
 
 
-def save(run_dir, step, algo, tok, progress, keep):
+def save(run_dir, step, algorithm, tok, progress, keep):
     """Checkpoint `step` (written by the main process; every process waits for it)."""
     if distributed.is_main():
-        checkpoint.save(run_dir, step, algo.model_to_save(), tok, {"algorithm": algo.state_dict(), **progress}, keep)
+        state = {"algorithm": algorithm.state_dict(), **progress}
+        checkpoint.save(run_dir, step, algorithm.model_to_save(), tok, state, keep)
     distributed.barrier()
 
 

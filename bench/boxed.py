@@ -16,7 +16,7 @@ import json
 import os
 from dataclasses import dataclass
 
-from minies import run_script
+from minies.cli import run_script
 from minies.config import add_arguments, from_args, option
 from minies.tasks.gsm8k import last_boxed, score_last_number
 from minies.tasks.math_answers import math_verify, same_math

@@ -41,9 +41,10 @@ from torch.profiler import ProfilerActivity, profile
 
 from bench.qwen_shapes import QWEN_05B
 from minies.runtime import set_up_process
-from minies.config import TaskOptions, add_arguments, from_args, option, option_of
+from minies.config import add_arguments, from_args, option, option_of
 from minies.es import ES, ESConfig, ScoredRollouts, member_seeds
 from minies.models import SHIPPED_MODEL, contiguous_head_input, default_device, load_model, load_tokenizer, model_device
+from minies.options import TaskOptions
 from minies.recipes import RECIPES, own_recipe, prompt_style_for
 from minies.perturbed import noise
 from minies.runtime.placement import choose_mode
@@ -234,7 +235,7 @@ def speed(args):
             overhead_s, _ = timed(lambda: es.step(problems, seed=0), model, args.repeats)
             result[mode].update(overhead=overhead_s / score_s, overhead_s=overhead_s, score_s=score_s,
                                 noise_s=noise_s, noise_cache=es.step_noise is not None, copy_s=copy_s,
-                                masters=es.config.master_device, weights=sum(t.param.numel() for t in es.tensors))
+                                masters=es.resolved["master_device"], weights=sum(t.param.numel() for t in es.tensors))
         for t, t0 in zip(es.tensors, es.theta0):  # undo this mode's steps before measuring the next one
             t.master.copy_(t0)
             t.write_clean()
@@ -320,7 +321,7 @@ def step_time(args):
     seconds, _ = timed(lambda: es.step(problems, seed=1), model, args.repeats)
     main = distributed.is_main()  # asked before close(): after it every process would be rank 0
     distributed.close()
-    return [seconds, es.config.mode] if main else None
+    return [seconds, es.resolved["mode"]] if main else None
 
 
 def print_speed(args, r):

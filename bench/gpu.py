@@ -32,7 +32,7 @@ import torch
 
 import train
 from bench.qwen_shapes import QWEN2_SHAPES, save_random_qwen2, scaled_shape
-from minies import ArgumentParser, run_script
+from minies.cli import ArgumentParser, run_script
 from minies.config import add_arguments, from_args, option
 from minies.es import ES, ESConfig, member_seeds
 from minies.models import default_device, load_model, load_tokenizer, model_device

@@ -47,12 +47,14 @@ import torch
 import train
 from bench import report
 from bench.budget import read_log, train_to_budget
-from minies import ArgumentParser, UserError, run_script
+from minies import UserError
+from minies.cli import ArgumentParser, run_script
 from minies.runtime import checkpoint, set_up_process
 from minies.analysis import drift, rank_correlation, rescue_counts, sparsified
-from minies.config import TaskOptions, add_arguments, from_args, option, option_of
+from minies.config import add_arguments, from_args, option, option_of
 from minies.evaluate import evaluate
 from minies.models import default_device, default_model, load_config, load_model, load_tokenizer
+from minies.options import TaskOptions, task_name
 from minies.recipes import prompt_style_for
 from minies.tasks import get_task, is_task_file
 
@@ -76,7 +78,7 @@ PLAN_SECONDS = {"arithmetic": Costs(grpo=0.35, c3po=2.0, es_member=0.055, es_pro
 class ReproduceConfig:
     task: str = option("arithmetic", "the task, of generated problems: arithmetic, countdown (the claims are the "
                        "same on both, and countdown adds the coverage of the solution space), or a task file "
-                       "path/to/task.py (docs/tasks.md; planned at arithmetic's costs)", check="task")
+                       "path/to/task.py (docs/tasks.md; planned at arithmetic's costs)", type=task_name)
     model: str = option(None, "the start model: hub id or local directory (default: the shipped model for --task)")
     out: str = option("results", "output directory (results.json, results.md, plots, runs/)")
     prompt_style: str = option_of(TaskOptions, "prompt_style")

@@ -39,7 +39,8 @@ import train
 from bench import weight_noise
 from bench.budget import is_trained, train_to_budget, write_json
 from bench.reproduce import KEEP_FRACTIONS, load_weights, weights
-from minies import ArgumentParser, UserError, check_writable, run_script
+from minies import UserError
+from minies.cli import ArgumentParser, check_writable, run_script
 from minies.analysis import drift, sparsified
 from minies.config import add_arguments, checked, from_args, option
 from minies.evaluate import evaluate

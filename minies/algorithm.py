@@ -15,6 +15,11 @@ class Algorithm(Protocol):
     prompts_per_step: int
     """How many problems train.py draws for each step (the same list on every process)."""
 
+    resolved: dict
+    """The values the algorithm chose for settings left to it (ES: the mode --mode auto runs, the place of
+    --master-device auto), by setting name: train.py records them in config.json and checks them on --resume.
+    Returned here, not written into the config: the config holds what was asked."""
+
 
     def step(self, problems, seed) -> dict:
         """One training step on `problems`; `seed` is a function of (run seed, step) only, so the step

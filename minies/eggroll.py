@@ -63,7 +63,7 @@ class LowRankPopulation:
         return torch.stack([self.drawn[(seed, t.index)] for seed in seeds])
 
     @contextlib.contextmanager
-    def members(self, members, sigma):
+    def perturbed(self, members, sigma):
         """Inside the block, a forward over k·P rows runs row block j at θ + σ·sign_j·E_j, j < k = len(members)."""
         seeds = list(dict.fromkeys(seed for seed, _ in members))  # a mirrored pair's factors are drawn once
         which = torch.tensor([seeds.index(seed) for seed, _ in members])
@@ -89,7 +89,7 @@ class LowRankPopulation:
         per_call = max(1, micro_batch // prompts)
         for start in range(0, len(members), per_call):
             group = members[start:start + per_call]
-            with self.members([member for _, member in group], sigma):
+            with self.perturbed([member for _, member in group], sigma):
                 rollouts = rollout(len(group), len(group) * prompts)
             yield from zip([n for n, _ in group], rollouts)
 

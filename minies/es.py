@@ -39,7 +39,7 @@ from torch.profiler import record_function
 
 from minies import UserError, lora
 from minies.runtime import distributed
-from minies.config import option
+from minies.config import option, refuse_large_step
 from minies.analysis import squared_distance
 from minies.eggroll import LowRankPopulation, matrix_modules
 from minies.es_log import step_log
@@ -48,7 +48,7 @@ from minies.models import int8_row_scales, model_device
 from minies.perturbed import PerturbedTensor, StepNoise
 from minies.runtime.placement import choose_mode, master_device
 from minies.runtime.spilled import SpilledTensors, TensorsInMemory
-from minies.recipes import QIU
+from minies.citations import QIU
 from minies.rollout import encode, generate
 
 
@@ -92,9 +92,7 @@ def check_config(config):
         raise UserError(f"--population {config.population}: ES ranks members against each other; it needs at least 2")
     if config.antithetic and config.population % 2:
         raise UserError(f"--population {config.population}: must be even with --antithetic")
-    if config.population * config.prompts_per_step > 10**6:
-        raise UserError(f"--population {config.population} × --prompts-per-step {config.prompts_per_step}: over a "
-                        "million completions a step; lower one of them")
+    refuse_large_step({"--population": config.population, "--prompts-per-step": config.prompts_per_step})
 
 
 def member_seeds(step_seed, population, antithetic):
@@ -144,24 +142,23 @@ def mean_rewards(rollouts, population):
 
 
 def perturbed_tensors(model, config):
-    """A PerturbedTensor for each parameter --params names, its fp32 master where --master-device says
-    (runtime/placement.master_device). Resolves config.master_device to that place, so that config.json,
-    which train.py writes after building ES, records it."""
+    """A PerturbedTensor for each parameter --params names, and where their fp32 masters live: where
+    --master-device says, auto resolved (runtime/placement.master_device)."""
     owner = {id(p): m for m in model.modules() for p in m.parameters(recurse=False)}
     pattern = re.compile(config.params)
     chosen = [(i, name, p) for i, (name, p) in enumerate(model.named_parameters()) if pattern.search(name)]
     masters = master_device(config.master_device, model_device(model), sum(p.numel() for _, _, p in chosen))
-    config.master_device = masters.type
-    return [PerturbedTensor(i, name, p, owner[id(p)], masters) for i, name, p in chosen]
+    return [PerturbedTensor(i, name, p, owner[id(p)], masters) for i, name, p in chosen], masters.type
 
 
 def resolve_mode(config, model, tensors):
-    """Resolve --mode auto in `config` (config.json records the mode that ran): lowrank when a generate call
-    holds two members or more (runtime/placement.choose_mode), but in place when --params names no weight
-    matrix, as lowrank would have nothing to perturb."""
-    if config.mode == "auto":
-        config.mode = "inplace" if not matrix_modules(model, tensors) else choose_mode(
-            config.prompts_per_step, -(-config.population // distributed.world_size()), config.micro_batch)
+    """The mode that runs: --mode, or for auto lowrank when a generate call holds two members or more
+    (runtime/placement.choose_mode), but in place when --params names no weight matrix, as lowrank would have
+    nothing to perturb."""
+    if config.mode != "auto":
+        return config.mode
+    return "inplace" if not matrix_modules(model, tensors) else choose_mode(
+        config.prompts_per_step, -(-config.population // distributed.world_size()), config.micro_batch)
 
 
 class ES:
@@ -175,10 +172,11 @@ class ES:
         self.model, self.tokenizer, self.task, self.config = model, tokenizer, task, config
         self.chat_template, self.compile_decoding = chat_template, compile_decoding
         self.prompts_per_step = config.prompts_per_step
-        tensors = perturbed_tensors(model, config)
-        resolve_mode(config, model, tensors)
+        tensors, masters = perturbed_tensors(model, config)
+        # What --mode auto and --master-device auto resolved to: config.json records them (train.py).
+        self.resolved = {"mode": resolve_mode(config, model, tensors), "master_device": masters}
         # Built before θ0 is copied: the float32 masters lowrank shares with the params are freed first.
-        self.lowrank = LowRankPopulation(model, tensors, config.rank) if config.mode == "lowrank" else None
+        self.lowrank = LowRankPopulation(model, tensors, config.rank) if self.resolved["mode"] == "lowrank" else None
         self.tensors = self.lowrank.tensors if self.lowrank else tensors
         if not self.tensors:
             in_mode = " that lowrank mode perturbs (weights of Linear and embedding layers)" if self.lowrank else ""
@@ -188,7 +186,7 @@ class ES:
         self.step_noise = None if self.lowrank else StepNoise.when_it_pays(self.tensors, seeds, model_device(model))
         # θ0 for the drift log and the checkpoints: with the masters on CUDA, in pinned host memory (the drift
         # streams it there); with them on the host, in a temporary file (minies/runtime/spilled.py)
-        if config.master_device == "cuda":
+        if masters == "cuda":
             self.theta0 = TensorsInMemory(torch.empty(t.master.shape, pin_memory=True).copy_(t.master)
                                           for t in self.tensors)
         else:
@@ -272,7 +270,7 @@ class ES:
                      greedy=self.config.greedy, micro_batch=micro_batch, seed=seed,
                      # lowrank decodes eagerly: compiled decoding pads a call's rows to a bucket, which would shift
                      # the member blocks its hooks perturb (minies/runtime/decoding.py)
-                     compile_decoding=self.compile_decoding and self.config.mode == "inplace")
+                     compile_decoding=self.compile_decoding and self.lowrank is None)
         scores = [self.task.score(text, problem) for problem, text in zip(problems * copies, r.texts)]
         return ScoredRollouts(scores, r.truncated.numpy(), r.lengths.numpy()).split(copies)
 

@@ -33,8 +33,8 @@ from torch.profiler import record_function
 
 from minies import UserError, lora
 from minies.runtime import distributed
-from minies.config import option
-from minies.recipes import DSM, THREEPO
+from minies.config import option, refuse_large_step
+from minies.citations import DSM, THREEPO
 from minies.grpo_pass import OldLogps, PassLog, batch_counts, micro_batches
 from minies.grpo_loss import AGGREGATIONS, group_advantages, grpo_loss
 from minies.runtime.guard import check_finite
@@ -99,6 +99,7 @@ class GRPO:
     grpo.logprobs, grpo.loss_backward, grpo.optimizer) for bench/grpo.py."""
 
     default_steps = 200  # sized for the shipped model (what it gives: docs/results.md)
+    resolved = {}  # GRPO and 3PO run their flags as given: nothing left to resolve
 
     def __init__(self, model, tokenizer, task, config, chat_template=True, compile_decoding=True):
         check_config(model, config)
@@ -284,9 +285,7 @@ def check_config(model, config):
     if unused and config.lora_rank == 0:
         raise UserError(f"--{unused[0].replace('_', '-')} shapes LoRA adapters, which --lora-rank 0 does not add; "
                         "pass --lora-rank (e.g. 16) or drop it")
-    if config.prompts * config.group_size > 10**6:
-        raise UserError(f"--prompts {config.prompts} × --group-size {config.group_size}: over a million "
-                        "completions a step; lower one of them")
+    refuse_large_step({"--prompts": config.prompts, "--group-size": config.group_size})
 
 
 def step_log(scores, update_log):

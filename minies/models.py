@@ -4,6 +4,7 @@ and on CPU)."""
 import json
 import os
 import sys
+from typing import NamedTuple
 
 import torch
 
@@ -22,12 +23,30 @@ def default_model(task):
     return SHIPPED_MODELS.get(task, SHIPPED_MODEL)
 
 
+class LocalModel(NamedTuple):
+    """A --model resolved (resolve_model): `name` as given, for messages; `path`, what transformers reads."""
+    name: str
+    path: str
+
+
+def resolve_model(name):
+    """Model `name` (a LocalModel, resolved already, is returned as it is) as transformers reads it: a GGUF file's
+    converted directory (converted on first use, minies/gguf.py; a packaged model's name stands for its file),
+    else `name` with ~ expanded (a local directory or a hub id). The scripts resolve --model once and hand the
+    result to load_config, load_tokenizer and load_model, which resolve a plain name themselves."""
+    if isinstance(name, LocalModel):
+        return name
+    file = packaged_file(name)
+    _check_source(file)
+    return LocalModel(name, convert_gguf(file) if is_gguf(file) else os.path.expanduser(file))
+
+
 def load_config(name=SHIPPED_MODEL):
     """The model's transformers config (config.json alone, no weights): enough to choose defaults before
     a large model is loaded."""
     from transformers import AutoConfig
 
-    path = model_path(name)
+    name, path = resolve_model(name)
     try:
         return AutoConfig.from_pretrained(path)
     except Exception as e:  # network, missing files, bad id: one line for the user
@@ -65,15 +84,6 @@ def default_device():
     return torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
 
 
-def model_path(name):
-    """What transformers reads for model `name`: a GGUF file's converted directory (converted on first use,
-    minies/gguf.py; a packaged model's name stands for its file), else `name` with ~ expanded (a local directory
-    or a hub id)."""
-    name = packaged_file(name)
-    _check_source(name)
-    return convert_gguf(name) if is_gguf(name) else os.path.expanduser(name)
-
-
 def _check_source(name):
     # A hub id is "name" or "owner/name": a second "/" makes it a path.
     looks_local = os.path.isabs(name) or name.startswith((".", "~")) or name.count("/") > 1 or os.path.exists(name)
@@ -95,7 +105,7 @@ def load_tokenizer(name=SHIPPED_MODEL):
     pad token (the EOS token when the model defines none, as Llama does)."""
     from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
-    path = model_path(name)
+    name, path = resolve_model(name)
     # A local tokenizer.json saved as a plain fast tokenizer (the shipped models' character tokenizer) is
     # loaded as it is: AutoTokenizer would make it a Qwen2Tokenizer for a qwen2 config, whose byte-level
     # pre-tokenizer drops spaces ("Use 3 7" would lose them).
@@ -121,7 +131,7 @@ def load_model(name=SHIPPED_MODEL, dtype="float32", load_in_8bit=False, device=N
 
     if dtype not in DTYPES:
         raise UserError(f"--dtype {dtype}: choose one of {', '.join(DTYPES)}")
-    path = model_path(name)
+    name, path = resolve_model(name)
     device = torch.device(device) if device is not None else default_device()
     kwargs = {"dtype": DTYPES[dtype]}
     if load_in_8bit:

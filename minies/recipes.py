@@ -15,11 +15,12 @@ import os
 import textwrap
 from dataclasses import asdict, dataclass, field
 
-from minies import UserError, typed_flags
+from minies import UserError
+from minies.cli import typed_flags
+from minies.citations import DSM, MINIES, QIU, THREEPO
 from minies.gguf import cached_gguf, is_gguf, packaged_file, packaged_recipe
 from minies.models import load_config
 
-MINIES = "minies' choice"
 ALGOS = ("es", "grpo", "b3po", "m3po", "c3po")
 
 
@@ -43,9 +44,6 @@ class Recipe:
 TASK_LEVEL = {"task", "prompt_style", "reward", "data", "train_problems", "max_new_tokens", "eval_problems"}
 
 
-QIU = "Qiu et al. 2025, countdown/"
-THREEPO = "3PO paper's RL stage (Venkatkrishna et al.)"
-DSM = "DeepSeekMath (Shao et al. 2024)"
 TUNED = "tuned on the shipped model (docs/tuning.md)"
 # The shipped Qiu-format model's data file, in Qiu et al.'s format (qiu_rows(2200, seed=0), scripts/make_tiny.py).
 QIU_DATA = os.path.join(os.path.dirname(__file__), "assets", "tiny-qiu", "countdown.json")
@@ -254,20 +252,6 @@ def naming_recipes(cfg, by_recipe):
             given = f"--{key.replace('_', '-')} {getattr(cfg, key, None)}"
             message = message.replace(given, f"{given} (from {origin})", 1)
         raise UserError(message) from None
-
-
-def length_origin(names, algo, task, default_task):
-    """For --help, where --max-new-tokens' default (None) is the prompt style's and a recipe of `names` chose that
-    style: "8 for equation prompts, recipe smollm2"; None otherwise. `task`: the one given (None: the recipes',
-    else `default_task`)."""
-    from minies.tasks import TASKS
-
-    chosen = recipe_defaults(names, algo, {"task", "prompt_style", "max_new_tokens"}, task)
-    style, task_class = chosen.get("prompt_style"), TASKS.get(task or chosen.get("task") or default_task)
-    if "max_new_tokens" in chosen or task_class is None or style not in task_class.default_max_new_tokens:
-        return None
-    origin = recipe_origins(names, algo, {"prompt_style"}, task)["prompt_style"]
-    return f"{task_class.default_max_new_tokens[style]} for {style} prompts, {origin}"
 
 
 def describe():

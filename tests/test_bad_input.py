@@ -575,7 +575,8 @@ def test_an_unreadable_omp_num_threads_ends_a_script_with_our_line(model_dir):
 @pytest.mark.parametrize("value, readable", [("2", True), (" 4 ", True), ("4,2", True), ("+2", True), ("abc", False),
                                              ("0", False), ("", False), ("-1", False), ("1.5", False), ("2,0", False)])
 def test_omp_num_threads_is_read_as_openmp_reads_it(value, readable, monkeypatch):
-    from minies import UserError, check_thread_variable
+    from minies import UserError
+    from minies.cli import check_thread_variable
 
     monkeypatch.setenv("OMP_NUM_THREADS", value)
     if readable:

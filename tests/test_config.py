@@ -77,7 +77,7 @@ def test_parsed_values_round_trip():
 
 
 def test_a_check_rejects_values_outside_its_range_while_parsing(capsys):
-    from minies import ArgumentParser
+    from minies.cli import ArgumentParser
 
     @dataclasses.dataclass
     class Demo:
@@ -104,7 +104,7 @@ def test_a_check_rejects_values_outside_its_range_while_parsing(capsys):
 
 def test_typed_flags_are_the_settings_a_command_line_names():
     """What a note or a --resume refusal reads to tell a value the user typed from a default or a recipe's."""
-    from minies import typed_flags
+    from minies.cli import typed_flags
 
     argv = ["--lr-scale", "2e-3", "--steps=7", "--no-flag", "--name", "-x", "--compile-decoding"]
     assert typed_flags(argv) == {"lr_scale", "steps", "flag", "name", "compile_decoding"}

@@ -229,7 +229,7 @@ def test_lowrank_member_rows_run_at_their_own_explicit_weights(tiny_model_dir):
     ids = torch.tensor([[5, 8, 9, 79, 10], [6, 7, 79, 9, 11]])
     members = member_seeds(3, 4, antithetic=True)
     clean = weights(es.model)
-    with es.lowrank.members(members, sigma=0.05):
+    with es.lowrank.perturbed(members, sigma=0.05):
         batched = es.model(ids.repeat(len(members), 1)).logits.view(len(members), *ids.shape, -1)
     assert all(torch.equal(v, clean[k]) for k, v in weights(es.model).items())  # weights never modified
     for j, (seed, sign) in enumerate(members):
@@ -355,8 +355,8 @@ def test_drift_sums_over_chunks_to_the_distance_from_the_start(tiny_model_dir, m
     import minies.analysis
     monkeypatch.setattr(minies.analysis, "DRIFT_CHUNK", 1000)  # many chunks per matrix, a partial one at each end
     es = make_es(tiny_model_dir, device=device, params=".*", master_device=masters)
-    assert all(t.master.device.type == es.config.master_device for t in es.tensors)
-    if es.config.master_device == "cuda":
+    assert all(t.master.device.type == es.resolved["master_device"] for t in es.tensors)
+    if es.resolved["master_device"] == "cuda":
         assert isinstance(es.theta0, TensorsInMemory)
         assert all(t0.device.type == "cpu" and t0.is_pinned() for t0 in es.theta0)
         theta0 = es.theta0

@@ -19,7 +19,7 @@ def recorded_run(tmp_path, *argv, drop=()):
     """(run directory, its settings) of a run of `argv` whose config.json was written without the keys `drop`."""
     cfg, algo_cfg, _, recipes = train.parse_args(["--out", str(tmp_path), *argv])
     run_dir = str(tmp_path / "run")
-    train.write_config(run_dir, cfg, algo_cfg, recipes, input_digests(cfg))
+    train.write_config(run_dir, train.run_settings(cfg, algo_cfg), recipes, input_digests(cfg))
     config = json.loads(open(os.path.join(run_dir, "config.json")).read())
     for key in drop:
         config.pop(key)
@@ -29,7 +29,8 @@ def recorded_run(tmp_path, *argv, drop=()):
 
 def check(run_dir, *argv, task=None):
     cfg, algo_cfg, _, _ = train.parse_args(list(argv))
-    check_resumed_settings(run_dir, cfg, algo_cfg, {}, input_digests(cfg), (task or Arithmetic()).difficulty)
+    check_resumed_settings(run_dir, train.run_settings(cfg, algo_cfg), (cfg, algo_cfg), {}, input_digests(cfg),
+                           (task or Arithmetic()).difficulty)
 
 
 def test_a_data_file_whose_content_changed_is_named(tmp_path):

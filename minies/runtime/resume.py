@@ -9,7 +9,7 @@ import hashlib
 import json
 import os
 import sys
-from dataclasses import asdict, fields
+from dataclasses import fields
 
 from minies import UserError
 from minies.gguf import packaged_file
@@ -48,11 +48,11 @@ def where_resume_looked(cfg, by_recipe):
             f"--seed {cfg.seed}; --run-name NAME resumes a run of another name)")
 
 
-def restore(state, algo):
+def restore(state, algorithm):
     """(step, tokens generated up to that step, the run's "before" evaluation) of a checkpoint's `state`, its RNGs
     and the algorithm's state restored. The RNGs only now: building the algorithm draws from them."""
     checkpoint.set_rng_state(state["rng"])
-    algo.load_state_dict(state["algorithm"])
+    algorithm.load_state_dict(state["algorithm"])
     progress = state["step"], state["tokens"], state["before"]
     state.clear()  # applied: free its tensors (a real model's optimizer state takes GBs)
     return progress
@@ -114,8 +114,10 @@ def changed_inputs(recorded, now):
             if flag in now and entry.get("sha256") and now[flag]["sha256"] != entry["sha256"]]
 
 
-def check_resumed_settings(run_dir, cfg, algo_cfg, by_recipe, inputs=None, difficulty=None):
-    """A UserError naming every setting of this command line that differs from the run's config.json, with
+def check_resumed_settings(run_dir, settings, configs, by_recipe, inputs=None, difficulty=None):
+    """A UserError naming every setting of this command line (`settings`: as config.json records them,
+    {"train": ..., ALGO: ...}; `configs`: the config dataclasses, whose defaults stand for a setting an older
+    config.json lacks) that differs from the run's config.json, with
     the recorded value and, for a value a recipe gave, that recipe, or naming an input file whose content
     changed (`inputs`: input_digests now). Settings are compared as they resolve: paths as the directories or
     files they name (a packaged model's name as its file), the difficulty flags as the task's `difficulty`
@@ -128,15 +130,15 @@ def check_resumed_settings(run_dir, cfg, algo_cfg, by_recipe, inputs=None, diffi
     except (OSError, ValueError, KeyError, TypeError):
         raise UserError(f"{path} is missing or unreadable: --resume cannot check what it continues; restore it, "
                         "or pass --run-name NAME for a new run") from None
-    if cfg.algo not in recorded:
-        raise UserError(f"--algo {cfg.algo}: {run_dir} was trained with --algo {recorded_train.get('algo')}")
+    now_train, algo = dict(settings["train"]), settings["train"]["algo"]
+    if algo not in recorded:
+        raise UserError(f"--algo {algo}: {run_dir} was trained with --algo {recorded_train.get('algo')}")
 
     def same(key, a, b):
         if isinstance(a, str) and isinstance(b, str) and key in ("model", "data", "eval_data", "task"):
             return real_path(a) == real_path(b)
         return a == b
 
-    now_train = asdict(cfg)
     if difficulty is not None:  # both sides resolved: "--numbers 2" is arithmetic's default, and never "None"
         keys = ("numbers", "low", "high")
         now_train.update(difficulty(*(now_train[key] for key in keys)))
@@ -146,13 +148,13 @@ def check_resumed_settings(run_dir, cfg, algo_cfg, by_recipe, inputs=None, diffi
         return f"from {by_recipe[key]}; " if key in by_recipe else ""
 
     # A setting the run's config.json does not name came with a later minies: the run ran with its default.
-    defaults = {f.name: f.default for config in (cfg, algo_cfg) for f in fields(config)}
+    defaults = {f.name: f.default for config in configs for f in fields(config)}
     differences = [f"--{key.replace('_', '-')} {typed(now)} ({origin(key)}the run has "
                    f"{typed(recorded_part.get(key, defaults[key]))})"
-                   for recorded_part, settings in ((recorded_train, now_train), (recorded[cfg.algo], asdict(algo_cfg)))
-                   for key, now in settings.items()
+                   for recorded_part, now_part in ((recorded_train, now_train), (recorded[algo], settings[algo]))
+                   for key, now in now_part.items()
                    if key not in MAY_CHANGE_ON_RESUME and not same(key, now, recorded_part.get(key, defaults[key]))]
-    if differences and recorded_train.get("recipe") not in (None, cfg.recipe):  # the flag that gives them back
+    if differences and recorded_train.get("recipe") not in (None, now_train["recipe"]):  # the flag that gives them back
         differences.append(f"the run was made with --recipe {recorded_train['recipe']}")
     changed = changed_inputs(recorded.get("inputs"), inputs or {})
     if changed and not differences:
