@@ -1,16 +1,17 @@
 """IVON: Improved Variational Online Newton (Shen et al., ICML 2024), written from the equations.
 
-IVON learns a diagonal Gaussian posterior N(θ, diag(σ²)) over the weights. The parameters of
+IVON learns a diagonal Gaussian posterior N(θ, diag(s²)) over the weights. The parameters of
 the model hold the mean θ; per weight the optimizer keeps a momentum m and a Hessian estimate h
-(both fp32), and the posterior std is
+(both fp32), and the posterior std is (σ in the IVON and 3PO papers; s here and in docs/papers.md, where σ is
+ES's noise scale)
 
-    σ = 1 / sqrt(λ·(h + δ))            λ = ess (effective sample size), δ = weight_decay
+    s = 1 / sqrt(λ·(h + δ))            λ = ess (effective sample size), δ = weight_decay
 
 One step (t counts steps, starting at 1):
 
-    sample   u ~ N(0, I),  d = σ⊙u,  θ̂ = θ + d            (weights put in the model)
+    sample   u ~ N(0, I),  d = s⊙u,  θ̂ = θ + d            (weights put in the model)
     ĝ = ∇L(θ̂)                                             (backward at the sample)
-    f = ĝ⊙d/σ² = λ·(h+δ)·(ĝ⊙d)                             (Price/reparameterisation Hessian sample)
+    f = ĝ⊙d/s² = λ·(h+δ)·(ĝ⊙d)                             (Price/reparameterisation Hessian sample)
     with S samples per step, ĝ and f are the averages over the S samples
     m ← β1·m + (1−β1)·ĝ
     h ← β2·h + (1−β2)·f + ½(1−β2)²·(h−f)²/(h+δ)            (the last term keeps h > 0)
@@ -44,7 +45,7 @@ the gradients arrive already averaged and the all_reduce is redundant but harmle
 
 Low precision: for a bf16 or fp16 parameter the mean θ lives in an fp32 master in the optimizer state
 (minies/runtime/masters.py, fp32_master) and the parameter holds its rounding, so small updates are not
-lost. The Hessian sample uses the drawn d = σ⊙u; note that in bf16 a perturbation much smaller than the
+lost. The Hessian sample uses the drawn d = s⊙u; note that in bf16 a perturbation much smaller than the
 weight's spacing is rounded away in θ̂ itself.
 """
 import contextlib
@@ -99,14 +100,14 @@ class IVON(torch.optim.Optimizer):
 
     @torch.no_grad()
     def posterior_std(self):
-        """σ = 1/sqrt(λ(h+δ)) for every parameter, in parameter order (fp32 tensors)."""
+        """s = 1/sqrt(λ(h+δ)) for every parameter, in parameter order (fp32 tensors)."""
         return [self._std(self._state(p, g), g) for g in self.param_groups for p in g["params"]]
 
     @torch.no_grad()
     def mean_std(self):
-        """σ averaged over all weights (a float), for logging."""
+        """s averaged over all weights (a float), for logging."""
         stds = self.posterior_std()
-        return sum(s.sum().item() for s in stds) / sum(s.numel() for s in stds)
+        return sum(std.sum().item() for std in stds) / sum(std.numel() for std in stds)
 
     @torch.no_grad()
     def mean_hess(self):
@@ -116,7 +117,7 @@ class IVON(torch.optim.Optimizer):
 
     @contextlib.contextmanager
     def sampled_params(self, train=True, generator=None, seed=None):
-        """Put a weight sample θ̂ = θ + σ⊙u in the parameters for the duration of the block.
+        """Put a weight sample θ̂ = θ + s⊙u in the parameters for the duration of the block.
 
         train=True: call backward inside the block; on exit p.grad (the gradient at θ̂) is
         accumulated into the step's averages of ĝ and f, and p.grad is reset to None, so each
@@ -166,7 +167,7 @@ class IVON(torch.optim.Optimizer):
 
     @torch.no_grad()
     def _accumulate(self, perturbations):
-        """Add this sample's ĝ and f = ĝ⊙d/σ² to the running sums (averaged in step)."""
+        """Add this sample's ĝ and f = ĝ⊙d/s² to the running sums (averaged in step)."""
         ds = iter(perturbations)
         for group in self.param_groups:
             for p in group["params"]:

@@ -1,19 +1,19 @@
 """3PO, Perturbed Parameter Policy Optimization (Venkatkrishna, Daheim, Gurevych et al.; docs/papers.md, "3PO").
 
 GRPO explores only through token sampling, and temperature only rescales the logits. 3PO also explores
-in weight space: IVON (minies/ivon.py) keeps a posterior N(θ, diag(σ²)) over the trained weights,
-σ = 1/sqrt(λ·(h+δ)), and rollouts are generated at weight samples θ̂ = θ + σ⊙u drawn from it. The loss
+in weight space: IVON (minies/ivon.py) keeps a posterior N(θ, diag(s²)) over the trained weights,
+s = 1/sqrt(λ·(h+δ)), and rollouts are generated at weight samples θ̂ = θ + s⊙u drawn from it. The loss
 is GRPO's (minies/grpo.py) with one pass per batch, so its token ratio is 1 and its gradient is the
 policy gradient. That gradient ĝ is taken at a weight sample θ̂ = θ + d; IVON turns it into the step on θ
-and, through f = ĝ⊙d/σ², into its Hessian estimate h, which sets how far later samples explore.
+and, through f = ĝ⊙d/s², into its Hessian estimate h, which sets how far later samples explore.
 
     B3PO  θ̂ ~ q;  G rollouts per prompt at θ̂;  A within each group;  ĝ = ∇L_GRPO(θ̂);  IVON step
     M3PO  for m = 1..M:  θ̂_m ~ q;  G rollouts per prompt at θ̂_m;  A within that sample's groups;
               ĝ_m = ∇L_GRPO(θ̂_m)   (p.grad starts from zero for every sample)
-          one IVON step with ĝ = (1/M)·Σ_m ĝ_m and f = (1/M)·Σ_m ĝ_m⊙d_m/σ²
-    C3PO  the G rollouts of each prompt come in N chunks of G/N, chunk n generated at θ̂_n ~ q;
-          A over the whole pooled group of G;  then a fresh θ̂_0 ~ q, and for rollout i of chunk n
-              w_i = exp(Σ_t [log π_θ̂0(y_it) − log π_θ̂n(y_it)])      (sum over the completion tokens)
+          one IVON step with ĝ = (1/M)·Σ_m ĝ_m and f = (1/M)·Σ_m ĝ_m⊙d_m/s²
+    C3PO  the G rollouts of each prompt come in K chunks of G/K, chunk k generated at θ̂_k ~ q;
+          A over the whole pooled group of G;  then a fresh θ̂_0 ~ q, and for rollout i of chunk k
+              w_i = exp(Σ_t [log π_θ̂0(y_it) − log π_θ̂k(y_it)])      (sum over the completion tokens)
               w_i ← 0 if w_i ∉ [keep_min, keep_max], else min(w_i, truncate)      (paper: 0.5, 2, 2)
           ĝ = ∇L_GRPO(θ̂_0) with A_i replaced by w_i·A_i;  IVON step
 
@@ -22,8 +22,8 @@ Where the paper leaves room, minies chooses (why: docs/papers.md, "3PO"):
 - w_i replaces GRPO's token ratio rather than stacking on it (that ratio is 1: π_old is the fresh sample),
   and carries no gradient: the loss is linear in A, so w_i·A_i weights sequence i's policy gradient by w_i.
 - A dropped rollout (w_i = 0) stays in the normalizers (B, Σ|o_i|) and in its group's advantages.
-- log π_θ̂n is recomputed right after chunk n is generated, log π_θ̂0 in the same mode: w = 1 if θ̂_0 = θ̂_n.
-- Chunk n holds completions n·G/N .. (n+1)·G/N − 1 of every group (N must divide G).
+- log π_θ̂k is recomputed right after chunk k is generated, log π_θ̂0 in the same mode: w = 1 if θ̂_0 = θ̂_k.
+- Chunk k holds completions k·G/K .. (k+1)·G/K − 1 of every group (K must divide G).
 - M3PO clips each sample's gradient to --max-grad-norm before IVON averages them.
 - A step's weight samples depend on its seed only: every process draws the same θ̂, and --resume repeats them.
 
@@ -37,7 +37,7 @@ import torch
 from minies import UserError
 from minies.runtime import distributed
 from minies.config import option
-from minies.recipes import THREEPO
+from minies.citations import THREEPO
 from minies.grpo import GRPO, PolicyGradientConfig, step_log
 from minies.ivon import IVON
 from minies.rollout import concat_rollouts, pad_right
@@ -57,7 +57,7 @@ class ThreePOConfig(PolicyGradientConfig):
                               check="positive", source=THREEPO)
     beta1: float = option(0.9, "IVON momentum of the gradient", check="fraction", source=THREEPO)
     beta2: float = option(0.9999, "IVON momentum of the Hessian estimate", check="fraction", source=THREEPO)
-    weight_decay: float = option(1e-6, "IVON weight decay δ (also the prior precision in σ)", check="non_negative",
+    weight_decay: float = option(1e-6, "IVON weight decay δ (also the prior precision in s)", check="non_negative",
                                  source=THREEPO)
     clip_radius: float = option(1e-3, "IVON clips each coordinate of (m + δθ)/(h + δ) to ±clip_radius",
                                 check="positive_or_inf", source=THREEPO)
@@ -73,7 +73,7 @@ class M3POConfig(ThreePOConfig):
 
 @dataclass
 class C3POConfig(ThreePOConfig):
-    chunks: int = option(2, "N: each group's G completions come in N chunks, each generated at its own weight sample",
+    chunks: int = option(2, "K: each group's G completions come in K chunks, each generated at its own weight sample",
                          check="count", source=f"{THREEPO}: the headline run's N = 2")
     ratio_truncate: float = option(2.0, "truncate the sequence importance ratio at this", check="positive",
                                    source=THREEPO)
@@ -121,7 +121,7 @@ class ThreePO(GRPO):
                     weight_decay=c.weight_decay, clip_radius=c.clip_radius, rescale_lr=c.rescale_lr)
 
     def posterior_stats(self):
-        return {"sigma_mean": self.optimizer.mean_std(), "hess_mean": self.optimizer.mean_hess()}
+        return {"s_mean": self.optimizer.mean_std(), "hess_mean": self.optimizer.mean_hess()}
 
 
 class B3PO(ThreePO):
@@ -135,7 +135,7 @@ class B3PO(ThreePO):
             rollouts, scores = self.sample(problems, seed)  # G rollouts per prompt at θ̂
             advantages = self.advantages(scores.rewards)  # A within each group
             log = step_log(scores, self.policy_gradient(rollouts, advantages))  # ĝ = ∇L_GRPO(θ̂)
-        # Leaving the block put θ back and gave IVON ĝ and ĝ⊙d/σ²: its step on θ and its Hessian estimate.
+        # Leaving the block put θ back and gave IVON ĝ and ĝ⊙d/s²: its step on θ and its Hessian estimate.
         self.optimizer.step()
         return {**log, **self.posterior_stats()}
 
@@ -154,8 +154,8 @@ class M3PO(ThreePO):
                 advantages = self.advantages(scores.rewards)  # A within this sample's groups
                 gradient_log = self.policy_gradient(rollouts, advantages)  # ĝ_m = ∇L_GRPO(θ̂_m)
                 logs.append(step_log(scores, gradient_log))
-            # On leaving the block IVON adds ĝ_m and ĝ_m⊙d_m/σ² to the step's averages and puts θ back.
-        self.optimizer.step()  # one IVON step with ĝ = (1/M)·Σ_m ĝ_m and f = (1/M)·Σ_m ĝ_m⊙d_m/σ²
+            # On leaving the block IVON adds ĝ_m and ĝ_m⊙d_m/s² to the step's averages and puts θ back.
+        self.optimizer.step()  # one IVON step with ĝ = (1/M)·Σ_m ĝ_m and f = (1/M)·Σ_m ĝ_m⊙d_m/s²
         return {**average_logs(logs), **self.posterior_stats()}
 
 
@@ -169,9 +169,9 @@ def average_logs(logs):
 
 
 class C3PO(ThreePO):
-    """Each group generated in N chunks at N weight samples; the gradient at a fresh one, reweighted."""
+    """Each group generated in K chunks at K weight samples; the gradient at a fresh one, reweighted."""
 
-    default_steps = 300  # a step costs a little more than GRPO's: N + 1 extra no-grad forward passes
+    default_steps = 300  # a step costs a little more than GRPO's: K + 1 extra no-grad forward passes
 
     def __init__(self, model, tokenizer, task, config, chat_template=True, compile_decoding=True):
         if config.group_size % config.chunks:
@@ -184,13 +184,13 @@ class C3PO(ThreePO):
     def step(self, problems, seed):
         cfg = self.config
         *chunk_seeds, fresh_seed = weight_seeds(seed, cfg.chunks + 1)
-        # The G rollouts of each prompt come in N chunks, chunk n generated at θ̂_n ~ q.
+        # The G rollouts of each prompt come in K chunks, chunk k generated at θ̂_k ~ q.
         rank_seed = seed * distributed.world_size() + distributed.rank()
         rollouts, _, behavior_logps = self.sample_chunks(self.prompts(problems), rank_seed, chunk_seeds)
         scores = self.verify(problems, rollouts)
         advantages = self.advantages(scores.rewards)  # A over each whole pooled group of G
         with self.optimizer.sampled_params(train=True, seed=fresh_seed):  # a fresh θ̂_0 ~ q
-            # w_i = exp(Σ_t [log π_θ̂0(y_it) − log π_θ̂n(y_it)]), 0 outside [keep_min, keep_max], truncated
+            # w_i = exp(Σ_t [log π_θ̂0(y_it) − log π_θ̂k(y_it)]), 0 outside [keep_min, keep_max], truncated
             weights, log_ratio = sequence_weights(self.token_logps(rollouts), behavior_logps,
                                                   rollouts.completion_mask.float(), cfg.ratio_truncate,
                                                   cfg.ratio_keep_min, cfg.ratio_keep_max)
@@ -202,17 +202,17 @@ class C3PO(ThreePO):
         return {**step_log(scores, update_log), **self.posterior_stats()}
 
     def sample_chunks(self, prompts, seed, chunk_seeds):
-        """Rollouts of `prompts` (each group's G copies side by side) whose chunk n, completions
-        n·G/N .. (n+1)·G/N − 1 of every group, is generated at the weight sample of chunk_seeds[n].
+        """Rollouts of `prompts` (each group's G copies side by side) whose chunk k, completions
+        k·G/K .. (k+1)·G/K − 1 of every group, is generated at the weight sample of chunk_seeds[k].
         Returns them in the prompts' order with each one's chunk [B] and behavior log-probs [B, C]
         (under its own sample, computed right after its chunk is generated)."""
-        G, N = self.config.group_size, self.config.chunks
-        chunk = torch.arange(len(prompts)) % G // (G // N)
+        G, K = self.config.group_size, self.config.chunks
+        chunk = torch.arange(len(prompts)) % G // (G // K)
         rows, parts, behavior = [], [], []
-        for n in range(N):
-            rows.append(chunk.eq(n).nonzero().flatten())
-            with self.optimizer.sampled_params(train=False, seed=chunk_seeds[n]):
-                parts.append(self.generate([prompts[i] for i in rows[-1]], seed * N + n))
+        for k in range(K):
+            rows.append(chunk.eq(k).nonzero().flatten())
+            with self.optimizer.sampled_params(train=False, seed=chunk_seeds[k]):
+                parts.append(self.generate([prompts[i] for i in rows[-1]], seed * K + k))
                 behavior.append(self.token_logps(parts[-1]))
         joined = concat_rollouts(parts, self.tokenizer.pad_token_id)
         behavior = torch.cat([pad_right(b, joined.completion_ids.shape[1], 0.0) for b in behavior])

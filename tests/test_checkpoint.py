@@ -127,3 +127,12 @@ def test_rng_state_is_restored(tmp_path, model, tokenizer):
 def test_load_state_of_a_non_checkpoint_is_a_user_error(tmp_path):
     with pytest.raises(UserError, match="not a minies checkpoint"):
         checkpoint.load_state(str(tmp_path))
+
+
+def test_resuming_renames_the_old_log_keys_and_keeps_the_other_rows_byte_for_byte(tmp_path):
+    log = tmp_path / "log.jsonl"
+    old = '{"step": 1, "sigma_mean": 0.001, "hess_mean": 0.5}\n'  # a 3PO row logged before IVON's std was s
+    es_row = '{"step": 2, "reward_mean": 0.25}\n'
+    log.write_text(old + es_row + '{"step": 3, "sigma_mean": 0.002}\n')
+    assert checkpoint.truncate_log(str(log), 2) == []
+    assert log.read_text() == '{"step": 1, "s_mean": 0.001, "hess_mean": 0.5}\n' + es_row

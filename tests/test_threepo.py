@@ -84,10 +84,10 @@ def test_mean_is_restored_exactly(tiny_model_dir, name, samples, monkeypatch):
     monkeypatch.undo()
     algo.optimizer.step()
     assert any(not torch.equal(a, b) for a, b in zip(before, weights(algo)))
-    assert {"sigma_mean", "hess_mean", "malformed", "zero_std_groups", "reward_mean", "tokens"} <= stats.keys()
+    assert {"s_mean", "hess_mean", "malformed", "zero_std_groups", "reward_mean", "tokens"} <= stats.keys()
     assert len(stats["groups_solved"]) == 2 and set(stats["groups_solved"]) <= {0, 1}  # M3PO: over its samples
     cfg = algo.config
-    assert stats["sigma_mean"] == pytest.approx((cfg.ess * (cfg.hess_init + cfg.weight_decay)) ** -0.5, rel=1e-5)
+    assert stats["s_mean"] == pytest.approx((cfg.ess * (cfg.hess_init + cfg.weight_decay)) ** -0.5, rel=1e-5)
 
 
 def test_m3po_step_averages_the_samples_gradients(tiny_model_dir, monkeypatch):
@@ -198,5 +198,5 @@ def test_train_end_to_end(tiny_model_dir, tmp_path):
         assert result.returncode == 0, result.stderr[-3000:]
         rows = [json.loads(line) for line in open(tmp_path / f"{name}-arithmetic-seed0" / "log.jsonl")]
         assert [row["step"] for row in rows] == [1, 2]
-        assert {"sigma_mean", "hess_mean", "malformed", "zero_std_groups"} <= rows[-1].keys()
+        assert {"s_mean", "hess_mean", "malformed", "zero_std_groups"} <= rows[-1].keys()
         assert (tmp_path / f"{name}-arithmetic-seed0" / "summary.json").exists()

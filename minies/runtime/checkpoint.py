@@ -194,14 +194,26 @@ def truncate_log(path, step):
     with open(path, "rb") as f:
         for number, raw in enumerate(f, 1):
             try:
-                line = raw.decode("utf-8")
-                if json.loads(line)["step"] <= step:
-                    kept.append(line if line.endswith("\n") else line + "\n")
+                line, row = raw.decode("utf-8"), json.loads(raw)
+                if row["step"] <= step:
+                    kept.append(renamed_keys(line, row))
             except (ValueError, KeyError, TypeError):
                 if raw.strip():
                     dropped.append(f"{path} line {number} is not a log row (a write cut short?): dropped it")
     _write_text_atomic(path, "".join(kept))
     return dropped
+
+
+# Log keys renamed since runs were logged: old name -> new. A resumed run's log is rewritten with the new names, so
+# that one key runs through all of its rows (IVON's posterior std is s, as in docs/papers.md: σ is ES's).
+RENAMED_LOG_KEYS = {"sigma_mean": "s_mean"}
+
+
+def renamed_keys(line, row):
+    """Log line `line` (its JSON: `row`) with the keys RENAMED_LOG_KEYS renames, else as it is; ending in a newline."""
+    if not RENAMED_LOG_KEYS.keys() & row.keys():
+        return line if line.endswith("\n") else line + "\n"
+    return json.dumps({RENAMED_LOG_KEYS.get(key, key): value for key, value in row.items()}) + "\n"
 
 
 @contextlib.contextmanager
