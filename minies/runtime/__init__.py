@@ -4,10 +4,12 @@ threads.py     CPU threads that leave room for other programs (set_up_process tu
 allocator.py   glibc's malloc keeps freed memory for the next large tensor (set_up_process)
 decoding.py    on CUDA: a static KV cache and a compiled decoding step
 placement.py   ES: which mode scores the population, and where its fp32 masters live
+spilled.py     tensors kept in a temporary file, not in memory: ES's θ0 on a CPU
 masters.py     fp32 master weights for an optimizer of half-precision parameters
 distributed.py torchrun: ranks, sharding, all-reduce
 checkpoint.py  atomic checkpoints, the log's truncation, files written with one-line errors
 resume.py      --resume: which checkpoint, whether this command may continue it, restoring it
+run_lock.py    one process per run directory; a killed holder's lock taken over
 guard.py       stops a diverging run before it saves
 """
 import logging
