@@ -48,7 +48,7 @@ from minies.options import TaskOptions
 from minies.recipes import RECIPES, own_recipe, prompt_style_for
 from minies.perturbed import noise
 from minies.runtime.placement import choose_mode
-from minies.rollout import format_prompts, generate
+from minies.rollout import generate
 from minies.tasks import Score, get_task
 from train import TrainConfig
 
@@ -197,8 +197,7 @@ def stubbed_rollout(rewards):
 def speed(args):
     model, tok = build(args)
     task, problems = bench_task(args, model)
-    prompts = format_prompts(tok, [p.question for p in problems])
-    rows = prompts * args.population
+    rows = task.prompts(tok, problems) * args.population  # the prompts ES's members read, in the task's style
 
     # The limit: plain generation of the same N·P rows, in the chunks lowrank ES uses. It is timed in turn
     # with each mode's steps, so that a drift in the machine's speed moves both sides of a ratio alike.
@@ -276,7 +275,7 @@ def workload(args, what, model, tok):
     if cuda:
         torch.cuda.reset_peak_memory_stats()
     if what == "generate":
-        prompts = format_prompts(tok, [p.question for p in problems]) * args.population
+        prompts = task.prompts(tok, problems) * args.population
         chunk = max(1, args.micro_batch // args.prompts) * args.prompts
         generate(model, tok, prompts, task.max_new_tokens, greedy=True, micro_batch=chunk)
     elif what == "grpo":

@@ -207,7 +207,8 @@ class ES:
         for kept in (self.lowrank, self.step_noise):  # forget the step's noise: the next step's seeds differ
             if kept:
                 kept.end_step()
-        drift = squared_distance(self.theta0, [t.master for t in self.tensors]) ** 0.5  # ‖θ − θ0‖
+        with record_function("es.drift"):
+            drift = squared_distance(self.theta0, [t.master for t in self.tensors]) ** 0.5  # ‖θ − θ0‖
         return step_log(rollouts, rewards, z, update_norm, drift, int8_clamps, started, scored)
 
     def score(self, members, problems, seed):
@@ -260,7 +261,7 @@ class ES:
         return encode(self.tokenizer, self.task.prompts(self.tokenizer, problems, self.chat_template))
 
     @torch.no_grad()
-    @record_function("es.rollout")
+    @record_function("es.rollout")  # these ranges, with perturbed.py's and eggroll.py's, are bench/es_profile.py's
     def rollout(self, problems, prompts, seed, copies, micro_batch):
         """The model's completions of `copies` copies of `problems` (`prompts`: their tokenize_prompts), stacked
         member-major, in generate calls of `micro_batch` rows, each scored by the task: one ScoredRollouts per
@@ -271,7 +272,8 @@ class ES:
                      # lowrank decodes eagerly: compiled decoding pads a call's rows to a bucket, which would shift
                      # the member blocks its hooks perturb (minies/runtime/decoding.py)
                      compile_decoding=self.compile_decoding and self.lowrank is None)
-        scores = [self.task.score(text, problem) for problem, text in zip(problems * copies, r.texts)]
+        with record_function("es.verify"):
+            scores = [self.task.score(text, problem) for problem, text in zip(problems * copies, r.texts)]
         return ScoredRollouts(scores, r.truncated.numpy(), r.lengths.numpy()).split(copies)
 
     def state_dict(self):

@@ -25,6 +25,7 @@ Embeddings and norms are float tensors and are perturbed like any float weight.
 from concurrent.futures import ThreadPoolExecutor
 
 import torch
+from torch.profiler import record_function
 
 from minies.runtime.guard import check_finite
 from minies.models import int8_row_scales
@@ -32,6 +33,7 @@ from minies.models import int8_row_scales
 NOISE_CACHE_BYTES = 2**30  # host memory a step's noise may take when StepNoise keeps it
 
 
+@record_function("es.noise")
 def noise(seed, index, shape, device):
     """ε for one tensor: an independent stream per (member seed, tensor index), identical on every rank."""
     g = torch.Generator(device=device)
@@ -75,6 +77,7 @@ class PerturbedTensor:
         return step_noise(seed, self) if step_noise else noise(seed, self.index, self.param.shape, self.param.device)
 
     @torch.no_grad()
+    @record_function("es.write")
     def write_perturbed(self, seed, sign, sigma, step_noise=None):
         """Write master + sign·σ·ε_seed into the model (cast, or quantized: write). Returns the number of int8
         elements clamped to ±127."""
@@ -87,6 +90,7 @@ class PerturbedTensor:
         values = torch.mul(eps, sign * sigma, out=out).add_(self.on_device())  # master + sign·σ·ε
         return 0 if in_param else self.write(values)
 
+    @record_function("es.write")
     def write_clean(self):
         """Write the master itself. For int8 rows that an update moved past their scale, rescale (write):
         the model then always equals quantize(master), within half an int8 step per element."""

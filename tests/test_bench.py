@@ -38,6 +38,30 @@ def test_bench_es_prints_every_ratio(tmp_path):
     assert len(ratios) == 3 and all(r > 0.5 for r in ratios)
 
 
+def test_bench_es_profile_splits_each_step_into_its_parts():
+    """Every part of bench.es_profile's table is measured, the parts add up to the step, the hooks are counted
+    only in lowrank, and the in-place run with the step's noise kept draws no noise on the step's own thread (the
+shipped model's step noise fits the default cache, so its plain in-place run keeps it too)."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    out = subprocess.run([sys.executable, "-m", "bench.es_profile", "--population", "4", "--prompts", "8",
+                          "--new-tokens", "4", "--repeats", "1", "--noise-cache-gib", "1"], cwd=ROOT,
+                         capture_output=True, text=True, env=env, timeout=600)
+    assert out.returncode == 0, out.stderr[-2000:]
+    tables = re.split(r"^\n?(inplace|lowrank)", out.stdout, flags=re.M)
+    runs = {}
+    for label, body in zip(tables[1::2], tables[2::2]):
+        step = float(re.search(r"step ([0-9.]+) s under the profiler", body).group(1))
+        parts = {name: float(seconds) for name, seconds in re.findall(r"^\| ([a-z -]+) \| (-?[0-9.]+) \|", body, re.M)}
+        assert set(parts) == {"generation", "low-rank hooks", "noise", "weight writes", "verifier", "update",
+                              "drift", "other"}
+        assert abs(sum(parts.values()) - step) < 1e-2 and parts["generation"] > 0
+        runs[label + body.split(":")[0]] = parts, body
+    assert set(runs) == {"inplace", "inplace, the step's noise kept (on 1 GiB)", "lowrank"}
+    assert runs["inplace"][0]["low-rank hooks"] == 0
+    assert runs["inplace, the step's noise kept (on 1 GiB)"][0]["noise"] == 0
+    assert runs["lowrank"][0]["low-rank hooks"] > 0 and re.search(r"hooks: \d+ calls", runs["lowrank"][1])
+
+
 def test_bench_grpo_prints_the_step_and_its_split():
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     out = subprocess.run([sys.executable, "-m", "bench.grpo", "--prompts", "2", "--group-size", "2", "--steps", "1",
