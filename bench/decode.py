@@ -26,10 +26,10 @@ from transformers import GenerationConfig, StoppingCriteria, StoppingCriteriaLis
 from bench.es import model_name, prompt_style
 from minies.config import add_arguments, from_args, option, option_of
 from minies.models import load_model, load_tokenizer
-from minies.options import ModelOptions, TaskOptions
+from minies.options import ModelOptions
 from minies.rollout import encode
 from minies.runtime import decoding, set_up_process
-from minies.tasks import get_task
+from minies.tasks import TaskOptions, get_task
 
 PATHS = ("eager", "compiled", "minies")
 

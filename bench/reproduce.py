@@ -54,9 +54,8 @@ from minies.analysis import drift, rank_correlation, rescue_counts, sparsified
 from minies.config import add_arguments, from_args, option, option_of
 from minies.evaluate import evaluate
 from minies.models import default_device, default_model, load_config, load_model, load_tokenizer
-from minies.options import TaskOptions, task_name
 from minies.recipes import prompt_style_for
-from minies.tasks import get_task, is_task_file
+from minies.tasks import TaskOptions, get_task, is_task_file, task_name
 
 SEQUENTIAL = (("grpo", "es"), ("es", "grpo"))
 KEEP_FRACTIONS = (0.0, 0.01, 0.05, 0.10, 0.50, 1.0)  # 0 is the start model and 1 the trained one, exactly

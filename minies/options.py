@@ -1,27 +1,19 @@
 """The options train.py and eval.py share, the model and the task, and the setup they share, written once: the
 first pass that reads --model and --task (the model decides its own recipe's defaults, minies/recipes.py), the
-parse with those defaults, and the task made from TaskOptions. A new task flag is a field of TaskOptions and
-an argument of get_task (minies/tasks/__init__.py); neither script names it."""
+parse with those defaults, and the task made from TaskOptions. TaskOptions lives with the tasks
+(minies/tasks/options.py): a new task flag is one field there, which neither script nor this file names."""
 import argparse
 import dataclasses
 import sys
 
 from minies import UserError
 from minies.cli import typed_flags
-from minies.config import add_arguments, checked, option
+from minies.config import add_arguments, option
 from minies.models import DTYPES, default_model, position_notes
 from minies.recipes import naming_recipes, own_recipe, prompt_style_for, recipe_defaults, recipe_origins
 from minies.runtime import decoding
-from minies.tasks import ALL_PROMPT_STYLES, DEFAULT_TASK, MATCHES, REWARDS, TASKS, get_task, is_task_file
+from minies.tasks import DEFAULT_TASK, TASKS, TaskOptions, get_task
 from minies.tasks.fit import check_answer_room, check_system
-
-
-def task_name(text):
-    """--task's argparse `type=`: a built-in task's name or a Python file's path (read when the task is made)."""
-    if text not in TASKS and not is_task_file(checked(str, "nonempty")(text)):
-        raise argparse.ArgumentTypeError(f"{text!r} is neither a task ({', '.join(sorted(TASKS))}) nor a Python "
-                                         "file (path/to/task.py)")
-    return text
 
 
 @dataclasses.dataclass
@@ -35,49 +27,6 @@ class ModelOptions:
     compile_decoding: bool = option(True, "on CUDA, decode with a static KV cache and a compiled step (CUDA graphs, "
                                     "compiled by a run's first calls); --no-compile-decoding: transformers' eager "
                                     "decoding (minies/runtime/decoding.py)")
-
-
-@dataclasses.dataclass
-class TaskOptions:
-    task: str = option(DEFAULT_TASK, f"the task: one of {', '.join(sorted(TASKS))} (answers: the rows of --data, "
-                       "checked by --match), or a Python file that defines one, path/to/task.py (docs/tasks.md)",
-                       type=task_name)
-    match: str = option(None, "--task answers: how an answer is compared with a row's: exact text in the answer tag, "
-                        "number, boxed (the last \\boxed{} as mathematics; needs pip install math-verify), choice "
-                        "(one letter) (default: exact)", choices=MATCHES)
-    score_timeout: float = option(10.0, "--task FILE: the seconds its score() may take on one completion before the "
-                                  "run stops with an error", check="positive")
-    data: str = option(None, "local data file to train on: gsm8k needs one (JSON Lines of question, answer ending in "
-                       "'#### N'), answers too (JSON Lines of prompt, answer); countdown may read one (JSON Lines "
-                       "or a JSON list of numbers or nums, target, optionally context and solution: Qiu et al.'s "
-                       "and TinyZero's formats)", check="nonempty")
-    eval_data: str = option(None, "local data file to evaluate on, all of its rows (same format as --data); without "
-                            "it a file given by --data is split in two (docs/real-models.md)", check="nonempty")
-    train_problems: int = option(None, "train on a fixed set of this many problems, the same every step: the first "
-                                 "rows of --data (the rest are evaluated on, unless --eval-data), or generated once",
-                                 check="count")
-    prompt_style: str = option("auto", "terse: the short questions the shipped models were trained on; instruct: "
-                               "full instructions with the answer format, for instruction-tuned models; qiu, "
-                               "tinyzero (countdown): the papers' own prompts; auto: the model's recipe's, else "
-                               "instruct", choices=["auto", *ALL_PROMPT_STYLES])
-    system: str = option(None, "the system message of chat-templated prompts (default: the prompt style's own: "
-                         "instruct 'You are a helpful assistant.', tinyzero TinyZero's, terse none, so that no "
-                         "model adds its own identity prompt); eval.py --show-prompt prints the result", check="text")
-    reward: str = option("auto", "reward scheme: minies (1 correct + 0.1 for a readable answer); qiu, tinyzero "
-                         "(countdown): the papers' own (docs/papers.md); auto: the prompt style's own",
-                         choices=["auto", *REWARDS])
-    max_new_tokens: int = option(None, "tokens generated per completion (default: the task's for the prompt "
-                                 "style; instruct: arithmetic 256, countdown 1024, gsm8k 512)", check="count")
-    numbers: list = option(None, "generated problems' difficulty: how many numbers each has, one count or several "
-                           "(each problem draws one of them: --numbers 2 3 mixes sums of two and three numbers); "
-                           "each an integer in [1, 50] (default: the task's: arithmetic sums 2, countdown gives 3 "
-                           "with terse prompts, else 3 or 4; countdown takes 2 to 6)", nargs="+",
-                           type=checked(int, "numbers"))
-    low: int = option(None, "generated problems' difficulty: the smallest number, inclusive (default: the task's: "
-                      "arithmetic 0, countdown 1; countdown takes 1 or more)", check="number_value")
-    high: int = option(None, "generated problems' difficulty: the largest number, inclusive (default: the task's: "
-                       "arithmetic 99, countdown 20 with terse prompts, else 99 with targets <= 100, a cap lifted "
-                       "for any other range)", check="number_value")
 
 
 def first_pass(argv, *flags):

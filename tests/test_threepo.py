@@ -1,7 +1,9 @@
 """3PO: the sequence importance weights by hand, exact restore of the mean, M3PO's average of the
-per-sample gradients, C3PO's chunk bookkeeping and pooled advantages, two processes, and
-b3po / m3po / c3po end to end through train.py."""
+per-sample gradients, C3PO's chunk bookkeeping and pooled advantages, two processes, b3po / m3po / c3po
+end to end through train.py, and --resume of a C3PO run logged with the old key sigma_mean."""
+import contextlib
 import dataclasses
+import io
 import json
 import math
 
@@ -10,6 +12,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+import train
 from conftest import finish, start_script
 from conftest import no_grad_logps as logps
 from minies.grpo import GRPO
@@ -200,3 +203,20 @@ def test_train_end_to_end(tiny_model_dir, tmp_path):
         assert [row["step"] for row in rows] == [1, 2]
         assert {"s_mean", "hess_mean", "malformed", "zero_std_groups"} <= rows[-1].keys()
         assert (tmp_path / f"{name}-arithmetic-seed0" / "summary.json").exists()
+
+
+def test_resuming_a_run_logged_as_sigma_mean_leaves_one_name_s_mean(tiny_model_dir, tmp_path):
+    """A C3PO run logged before IVON's std was s (its log's key sigma_mean) resumes, and its log then names the
+    std s_mean in every row, old and new (checkpoint.RENAMED_LOG_KEYS)."""
+    flags = ["--algo", "c3po", "--chunks", 2, "--prompts", 2, "--group-size", 4, "--micro-batch", 8, "--model",
+             tiny_model_dir, "--eval-problems", 4, "--final-samples", 1, "--eval-every", 0, "--out", tmp_path,
+             "--run-name", "old"]
+    log = tmp_path / "old" / "log.jsonl"
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+        train.main([str(f) for f in flags + ["--steps", 2]])
+        log.write_text(log.read_text().replace('"s_mean"', '"sigma_mean"'))  # as a run logged it then
+        assert [json.loads(line).keys() >= {"sigma_mean"} for line in log.open()] == [True, True]
+        train.main([str(f) for f in flags + ["--steps", 3, "--resume"]])
+    rows = [json.loads(line) for line in log.open()]
+    assert [row["step"] for row in rows] == [1, 2, 3]
+    assert all("s_mean" in row and "sigma_mean" not in row for row in rows)
