@@ -12,7 +12,7 @@ from minies.config import add_arguments, option
 from minies.models import DTYPES, default_model, position_notes
 from minies.recipes import naming_recipes, own_recipe, prompt_style_for, recipe_defaults, recipe_origins
 from minies.runtime import decoding
-from minies.tasks import DEFAULT_TASK, TASKS, TaskOptions, get_task
+from minies.tasks.options import DEFAULT_TASK, TASKS, TaskOptions, get_task
 from minies.tasks.fit import check_answer_room, check_system
 
 
