@@ -135,7 +135,7 @@ class PeakBytes(TorchDispatchMode):
         out = func(*args, **(kwargs or {}))
         tensors = [a for a in tree_flatten((args, kwargs))[0] if isinstance(a, torch.Tensor)]
         inputs = {a.untyped_storage().data_ptr() for a in tensors}
-        for t in tree_flatten(out)[0]:
+        for t in (t for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor)):  # not a profiler range's handle
             key, size = t.untyped_storage().data_ptr(), t.untyped_storage().nbytes()
             if key not in inputs and key not in self.alive:
                 self.alive.add(key)
