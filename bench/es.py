@@ -34,6 +34,7 @@ import sys
 import threading
 import time
 from dataclasses import dataclass, replace
+from functools import partial
 
 import numpy as np
 import torch
@@ -125,6 +126,25 @@ def make_es(args, model, tok, task, mode):
     return es
 
 
+def plain_rows(args, tok, task, problems):
+    """The N·P prompts ES's members read (the task's style), member-major, formatted once."""
+    return task.prompts(tok, problems) * args.population
+
+
+def plain_generation(args, model, tok, task, rows):
+    """Generate `rows` (plain_rows, or the first of them) unperturbed, in the chunks lowrank ES uses (whole members
+    per call): what ES's members generate. Returns the tokens generated."""
+    chunk = max(1, args.micro_batch // args.prompts) * args.prompts
+    return int(generate(model, tok, rows, task.max_new_tokens, greedy=True, micro_batch=chunk).lengths.sum())
+
+
+def back_to_start(es):
+    """Undo the steps `es` has made (its masters and the model back to θ0), before another mode is measured."""
+    for t, t0 in zip(es.tensors, es.theta0):
+        t.master.copy_(t0)
+        t.write_clean()
+
+
 def distinct_rewards(es):
     """Add 1e-9·(i + 1) to the reward of the i-th row es.rollout scores (counting over all its calls). A
     random model's rewards all tie, and ES skips the update of a tied step; with the offsets every member's
@@ -197,16 +217,12 @@ def stubbed_rollout(rewards):
 def speed(args):
     model, tok = build(args)
     task, problems = bench_task(args, model)
-    rows = task.prompts(tok, problems) * args.population  # the prompts ES's members read, in the task's style
-
     # The limit: plain generation of the same N·P rows, in the chunks lowrank ES uses. It is timed in turn
     # with each mode's steps, so that a drift in the machine's speed moves both sides of a ratio alike.
-    chunk = max(1, args.micro_batch // args.prompts) * args.prompts
-    timed(lambda: generate(model, tok, rows[:chunk], task.max_new_tokens, greedy=True, micro_batch=chunk), model)
-
-    def plain():
-        out = generate(model, tok, rows, task.max_new_tokens, greedy=True, micro_batch=chunk)
-        return int(out.lengths.sum())
+    rows = plain_rows(args, tok, task, problems)
+    plain = partial(plain_generation, args, model, tok, task, rows)
+    first_call = rows[:max(1, args.micro_batch // args.prompts) * args.prompts]
+    timed(lambda: plain_generation(args, model, tok, task, first_call), model)  # a warm-up call
 
     result = {"auto": choose_mode(args.prompts, args.population, args.micro_batch)}
     for mode in ("inplace", "lowrank"):  # in place first: lowrank's hooks, idle, stay on the model
@@ -235,9 +251,7 @@ def speed(args):
             result[mode].update(overhead=overhead_s / score_s, overhead_s=overhead_s, score_s=score_s,
                                 noise_s=noise_s, noise_cache=es.step_noise is not None, copy_s=copy_s,
                                 masters=es.resolved["master_device"], weights=sum(t.param.numel() for t in es.tensors))
-        for t, t0 in zip(es.tensors, es.theta0):  # undo this mode's steps before measuring the next one
-            t.master.copy_(t0)
-            t.write_clean()
+        back_to_start(es)
     return result
 
 
@@ -275,9 +289,7 @@ def workload(args, what, model, tok):
     if cuda:
         torch.cuda.reset_peak_memory_stats()
     if what == "generate":
-        prompts = task.prompts(tok, problems) * args.population
-        chunk = max(1, args.micro_batch // args.prompts) * args.prompts
-        generate(model, tok, prompts, task.max_new_tokens, greedy=True, micro_batch=chunk)
+        plain_generation(args, model, tok, task, plain_rows(args, tok, task, problems))
     elif what == "grpo":
         from minies.grpo import GRPO, GRPOConfig
         for p in model.parameters():

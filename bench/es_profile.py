@@ -20,19 +20,18 @@ profiler slows every range a little, so the shares matter more than the seconds;
 With --noise-cache-gib, in place also runs with the step's noise kept (minies/perturbed.py's StepNoise, drawn in
 the background while the member before generates) up to that much host memory: does the overlap pay here?
 """
-from dataclasses import dataclass
-
+import argparse
 import time
+from dataclasses import dataclass
 
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from bench.es import BenchConfig, bench_task, build, make_es, timed
+from bench.es import BenchConfig, back_to_start, bench_task, build, make_es, plain_generation, plain_rows, timed
 from minies.cli import ArgumentParser, run_script
 from minies import eggroll, perturbed
 from minies.config import add_arguments, from_args, option
 from minies.models import default_device
-from minies.rollout import generate
 from minies.runtime import set_up_process
 
 PARTS = ("es.rollout", "es.noise", "es.write", "es.verify", "es.update", "es.drift")
@@ -106,15 +105,14 @@ def print_profile(label, step_s, plain_s, rows, parts, calls, members_per_call):
 
 
 def main():
-    p = ArgumentParser(description=__doc__, formatter_class=__import__("argparse").RawDescriptionHelpFormatter)
+    p = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_arguments(p, ProfileConfig, "bench.es_profile")
     args = from_args(ProfileConfig, p.parse_args())
     set_up_process(default_device())
     torch.set_grad_enabled(False)
     model, tok = build(args)
     task, problems = bench_task(args, model)
-    rows = task.prompts(tok, problems) * args.population  # the prompts ES's members read
-    chunk = max(1, args.micro_batch // args.prompts) * args.prompts
+    rows = plain_rows(args, tok, task, problems)
     print(f"# bench.es_profile: {args.model}, N={args.population}, P={args.prompts}, {args.new_tokens} new tokens, "
           f"--micro-batch {args.micro_batch}, {torch.get_num_threads()} threads")
     clock = [0.0, 0]
@@ -127,16 +125,13 @@ def main():
             perturbed.NOISE_CACHE_BYTES = int(cache_gib * 2**30)
         es = make_es(args, model, tok, task, mode)
         es.step(problems, seed=0)  # warm-up: the first step pays for one-time work
-        plain_s, _ = timed(lambda: generate(model, tok, rows, task.max_new_tokens, greedy=True, micro_batch=chunk),
-                           model, args.repeats)
+        plain_s, _ = timed(lambda: plain_generation(args, model, tok, task, rows), model, args.repeats)
         step_s, parts, calls = profile_step(es, problems, 1, clock)
         members_per_call = max(1, args.micro_batch // args.prompts) if mode == "lowrank" else 1
         label = mode + (f", the step's noise kept ({'on' if es.step_noise else 'off: over'} {cache_gib:g} GiB)"
                         if cache_gib else "")
         print_profile(label, step_s, plain_s, len(rows), parts, calls, members_per_call)
-        for t, t0 in zip(es.tensors, es.theta0):  # undo this mode's steps before the next run
-            t.master.copy_(t0)
-            t.write_clean()
+        back_to_start(es)
 
 if __name__ == "__main__":
     run_script(main)
