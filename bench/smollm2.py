@@ -15,8 +15,8 @@ The pieces, in order:
 1. The start model on seed 0's held-out split (--problems × --samples, and greedily): evals/start-seed0.json; its
    mean completion length sizes every run. The other seeds' splits come with the final evaluations (4).
 2. ES's estimators at an equal budget of generated training tokens (seed 0): in place (full rank, Qiu et al.'s
-   N, σ, α), lowrank at rank 1 and at --es-check-rank, and a σ × α check around Qiu et al.'s values at a third of
-   the budget (lowrank, rank 1). Held-out pass@1 against tokens and wall time from each run's log.
+   N, σ, α), lowrank at rank 1 and at --es-check-rank, and a σ × α check around Qiu et al.'s values at half the
+   budget (lowrank, rank 1). Held-out pass@1 against tokens and wall time from each run's log.
 3. ES (in --es-mode), GRPO and C3PO for seeds 0..S-1 at the same --tokens; ES's seed-0 run is the check's run of
    the same mode when there is one.
 4. Every final model on its seed's held-out split, as the start model (evals/<run>.json), and on --transfer-numbers
@@ -61,7 +61,7 @@ class SmolConfig:
                            nargs="+", type=checked(int, "numbers"))
     high: int = option(9, "the task level: the largest number, inclusive", check="number_value")
     seeds: int = option(3, "seeds 0..S-1 for every method", check="positive")
-    tokens: int = option(60_000, "generated training tokens per run, the same for every method", check="positive")
+    tokens: int = option(20_000, "generated training tokens per run, the same for every method", check="positive")
     es_mode: str = option("lowrank", "ES's estimator in the seeded runs (the ES check measures both)",
                           choices=["inplace", "lowrank"])
     es_prompts: int = option(8, "ES prompts per step (30 members each)", check="positive")
@@ -73,7 +73,7 @@ class SmolConfig:
                           check="positive")
     eval_problems: int = option(200, "held-out problems of the evaluations during training", check="positive")
     eval_samples: int = option(4, "samples per problem of the evaluations during training", check="positive")
-    evals_per_run: int = option(6, "evaluations during each training run", check="positive")
+    evals_per_run: int = option(4, "evaluations during each training run", check="positive")
     transfer_numbers: int = option(2, "the other task level (numbers per sum, in 0..99) each final model is "
                                    "evaluated on", check="positive")
     transfer_samples: int = option(8, "samples per problem on the other task level", check="positive")
@@ -227,7 +227,7 @@ def final_model(run_dir):
 def es_check(cfg, tok, mean_length):
     for name, flags in es_check_runs(cfg).items():
         train_run(cfg, os.path.join(cfg.out, "es-check", name), flags + ["--seed", 0],
-                  cfg.tokens // 3 if name.startswith("es-sigma") else cfg.tokens, mean_length)
+                  cfg.tokens // 2 if name.startswith("es-sigma") else cfg.tokens, mean_length)
 
 
 def sequential(cfg, tok, mean_length):
