@@ -34,6 +34,7 @@ from torch.profiler import record_function
 from minies import UserError, lora
 from minies.runtime import distributed
 from minies.config import option, refuse_large_step
+from minies.analysis import answer_outcome, js_diversity
 from minies.citations import DSM, THREEPO
 from minies.grpo_pass import OldLogps, PassLog, batch_counts, micro_batches
 from minies.grpo_loss import AGGREGATIONS, group_advantages, grpo_loss
@@ -92,6 +93,7 @@ class Scores(NamedTuple):
     malformed: torch.Tensor
     lengths: torch.Tensor  # completion tokens
     truncated: torch.Tensor  # 1 where the completion hit max_new_tokens without EOS
+    diversity: torch.Tensor  # [P]: how differently each group's G completions answer (group_diversity)
 
 
 class GRPO:
@@ -227,7 +229,9 @@ class GRPO:
                                     rollouts.truncated[:, None].double()], 1)
         table = torch.zeros(len(problems), self.config.group_size, per_completion.shape[1], dtype=torch.float64)
         table[mine] = per_completion.view(len(mine), self.config.group_size, -1)
-        return Scores(*distributed.all_reduce_sum(table).unbind(-1))
+        diversity = torch.zeros(len(problems), dtype=torch.float64)
+        diversity[mine] = group_diversity(scores, self.config.group_size)
+        return Scores(*distributed.all_reduce_sum(table).unbind(-1), distributed.all_reduce_sum(diversity))
 
     def advantages(self, rewards):
         """This rank's rows of the batch's group advantages (rewards [P, G], on the host), in its rollouts'
@@ -288,6 +292,15 @@ def check_config(model, config):
     refuse_large_step({"--prompts": config.prompts, "--group-size": config.group_size})
 
 
+def group_diversity(scores, group_size):
+    """Per group, the verifier-projected JS diversity of its G completions (minies/analysis.py), each completion a
+    member with one outcome: the entropy of the group's outcomes over log2(G). It is ES's js_diversity of its
+    population (minies/es_log.py) for a group of samples, which paper A compares with it."""
+    labels = [answer_outcome(s) for s in scores]
+    return torch.tensor([js_diversity([[[label]] for label in labels[i:i + group_size]]) if group_size > 1 else 0.0
+                         for i in range(0, len(labels), group_size)], dtype=torch.float64)
+
+
 def step_log(scores, update_log):
     """A step's log row: the batch's rewards and lengths around the update's log."""
     rewards, correct = scores.rewards, scores.correct
@@ -296,5 +309,6 @@ def step_log(scores, update_log):
             "zero_std_groups": rewards.eq(rewards[:, :1]).all(1).double().mean().item(),
             # Per prompt, in order: runs with the same --seed see the same prompts, so this pairs them.
             "groups_solved": correct.gt(0).any(1).int().tolist(),
+            "group_diversity": scores.diversity.mean().item(),  # ES logs its population's, js_diversity
             **update_log, "length_mean": scores.lengths.mean().item(), "length_max": scores.lengths.max().item(),
             "truncated_rate": scores.truncated.mean().item(), "tokens": int(scores.lengths.sum().item())}

@@ -10,6 +10,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 import minies.evaluate
+import minies.tasks.answers
 import minies.grpo
 import minies.rollout
 import train
@@ -169,6 +170,28 @@ def test_kl_is_zero_at_the_first_step(tiny_model_dir, eightbit):
     assert expected <= first.keys() and all(math.isfinite(v) for v in first.values())
     assert len(solved) == 4 and set(solved) <= {0, 1} and (sum(solved) > 0) == (first["accuracy"] > 0)
     assert first["tokens"] == pytest.approx(first["length_mean"] * 16)
+
+
+def test_group_diversity_is_the_entropy_of_a_groups_outcomes_over_log2_g():
+    """Paper A's diversity for a GRPO group: its G completions as members with one outcome each."""
+    def score(correct, malformed=False, answer=None):
+        return minies.tasks.answers.make_score(correct, malformed, answer=answer)
+    alike = [score(True)] * 4  # four right answers: no diversity
+    apart = [score(True), score(False, answer="3"), score(False, answer="4"), score(False, True)]  # four outcomes
+    halves = [score(True), score(True), score(False, answer="7"), score(False, answer="7")]  # two, evenly
+    got = minies.grpo.group_diversity(alike + apart + halves, 4)
+    assert got.tolist() == pytest.approx([0.0, 1.0, 0.5])  # H = 0, log2(4), 1 bit; over log2(4) = 2 bits
+
+
+def test_a_steps_group_diversity_reads_its_groups(tiny_model_dir, monkeypatch):
+    """The logged group_diversity is the mean of group_diversity over the step's groups, as scored."""
+    algo = make_grpo(tiny_model_dir)
+    seen = []
+    real = minies.grpo.group_diversity
+    monkeypatch.setattr(minies.grpo, "group_diversity", lambda scores, g: seen.append(real(scores, g)) or seen[-1])
+    log = algo.step(algo.task.train_problems(4, seed=0), 0)
+    assert len(seen) == 1 and len(seen[0]) == 4 and 0 <= log["group_diversity"] <= 1
+    assert log["group_diversity"] == pytest.approx(seen[0].mean().item())
 
 
 @pytest.mark.parametrize("eightbit", [False, True])
