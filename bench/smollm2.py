@@ -16,7 +16,8 @@ The pieces, in order:
    mean completion length sizes every run. The other seeds' splits come with the final evaluations (4).
 2. ES's estimators at an equal budget of generated training tokens (seed 0): in place (full rank, Qiu et al.'s
    N, σ, α), lowrank at rank 1 and at --es-check-rank, and a σ × α check around Qiu et al.'s values at half the
-   budget (lowrank, rank 1). Held-out pass@1 against tokens and wall time from each run's log.
+   budget (lowrank, rank 1), with no evaluation between the first and the last. Held-out pass@1 against tokens and
+   wall time from each run's log.
 3. ES (in --es-mode), GRPO and C3PO for seeds 0..S-1 at the same --tokens; ES's seed-0 run is the check's run of
    the same mode when there is one.
 4. Every final model on its seed's held-out split, as the start model (evals/<run>.json), and on --transfer-numbers
@@ -172,12 +173,13 @@ def held_out(cfg, tok, model, task, n, problems):
     return evaluate(model, tok, task, task.test_problems(problems), n=n, ks=ks, seed=0, progress=True)
 
 
-def train_run(cfg, run_dir, flags, tokens, mean_length, model=None):
+def train_run(cfg, run_dir, flags, tokens, mean_length, model=None, curve=True):
     """bench/budget.py's train_to_budget for a run of this bench, from `model` (default: the start model), its
-    steps estimated from `mean_length`, the start model's mean completion length."""
+    steps estimated from `mean_length`, the start model's mean completion length; `curve`: --evals-per-run
+    evaluations during training, else only the one before and the one after."""
     estimate = max(1, round(tokens / (per_step(cfg, flags) * mean_length)))
     flags = [*flags, "--model", model or cfg.model, "--save-every", 5, "--keep-checkpoints", 1,
-             "--eval-every", max(1, estimate // cfg.evals_per_run), "--eval-problems", cfg.eval_problems,
+             "--eval-every", max(1, estimate // cfg.evals_per_run) if curve else 0, "--eval-problems", cfg.eval_problems,
              "--eval-samples", cfg.eval_samples, "--final-samples", cfg.eval_samples]
     return train_to_budget(run_dir, flags, tokens, estimate)
 
@@ -225,9 +227,10 @@ def final_model(run_dir):
 
 
 def es_check(cfg, tok, mean_length):
-    for name, flags in es_check_runs(cfg).items():
+    for name, flags in es_check_runs(cfg).items():  # the σ × α runs are ranked by their final evaluation alone
+        short = name.startswith("es-sigma")
         train_run(cfg, os.path.join(cfg.out, "es-check", name), flags + ["--seed", 0],
-                  cfg.tokens // 2 if name.startswith("es-sigma") else cfg.tokens, mean_length)
+                  cfg.tokens // 2 if short else cfg.tokens, mean_length, curve=not short)
 
 
 def sequential(cfg, tok, mean_length):

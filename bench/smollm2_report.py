@@ -102,15 +102,87 @@ def summarize(cfg):
     groups = {name: {"groups_solved": [r["groups_solved"] for r in rows if "groups_solved" in r]}
               for name, rows in logs.items()}
     rescued = {f"seed{s}": rescue(groups[f"c3po-seed{s}"], groups[f"grpo-seed{s}"]) for s in range(cfg.seeds)}
-    diversity = {name: float(np.mean([r["js_diversity"] for r in rows if "js_diversity" in r]))
-                 for name, rows in logs.items() if name.startswith("es-")}
+    # Paper A's diversity during training: ES's population (js_diversity), GRPO's and C3PO's groups (group_diversity).
+    diversity = {name: float(np.mean([r.get("js_diversity", r.get("group_diversity")) for r in rows]))
+                 for name, rows in logs.items()}
     calibration = {"chosen": finals["start"][0], **{name: load(eval_path(cfg, name)) for name in levels(cfg)}}
     noise = {"temperature": [load(eval_path(cfg, f"noise-T{t:g}")) for t in cfg.temperatures],
              "weights": [load(eval_path(cfg, f"noise-s{s:g}")) for s in cfg.noise_scales]}
     return {"finals": finals, "table": table, "transfer": transfer, "drift": drifts, "sparsity": sparsity,
             "training": training,
-            "rescue": rescued, "es_js_diversity": diversity, "es_check": es_check(cfg), "calibration": calibration,
+            "rescue": rescued, "diversity": diversity, "es_check": es_check(cfg), "calibration": calibration,
             "sequential": load(eval_path(cfg, "grpo-es-seed0")), "noise": noise}
+
+
+def paired(finals, metric, a, b):
+    """Per seed, `metric` of a's final model minus b's (b may be "start": each seed's own split), over seeds: the
+    mean ± std, and on how many seeds a is above b."""
+    diffs = [x[metric] - y[metric] for x, y in zip(finals[a], finals[b])]
+    return {**stats(diffs), "above": sum(d > 0 for d in diffs)}
+
+
+def kept_gain(results, method, keep="0.1"):
+    """The share of seed 0's pass@1 gain that the largest `keep` of its changes keep (functional sparsity)."""
+    start, final = results["finals"]["start"][0]["pass@1"], results["finals"][method][0]["pass@1"]
+    return f"{(results['sparsity'][method][keep] - start) / (final - start) * 100:.0f}%" if final != start else "no gain"
+
+
+def at_diversity(points, diversity):
+    """pass@1 of a curve of (answer diversity, pass@1) points read at `diversity` (None outside the curve)."""
+    points = sorted((p["answer_diversity"], p["pass@1"]) for p in points)
+    xs, ys = zip(*points)
+    return float(np.interp(diversity, xs, ys)) if xs[0] <= diversity <= xs[-1] else None
+
+
+def claims(results, samples):
+    """[(claim, SmolLM2's figure)] for docs/results.md's claims table, pass@k at k = 1, 16 and `samples` (the
+    evaluations' samples per problem): differences are paired by seed, in points, "mean ± std over seeds (on how
+    many seeds above)"."""
+    f, n = results["finals"], len(results["finals"]["start"])
+    ks = list(dict.fromkeys(("pass@1", f"pass@{min(16, samples)}", f"pass@{samples}")))
+
+    def delta(metric, a, b="start"):
+        d = paired(f, metric, a, b)
+        return f"{d['mean'] * 100:+.1f} ± {d['std'] * 100:.1f} ({d['above']}/{n} above)"
+
+    def entropy(method):
+        return f"{np.mean([e['entropy'] for e in f['start']]):.3f} → {fmt(results['table'][method]['entropy'], 1, 3)}"
+
+    def mean_over(method):
+        return stats([d for name, d in results["diversity"].items() if name.startswith(f"{method}-seed")])
+
+    rows = []
+    for method in ("grpo", "es"):
+        rows.append((f"A: {LABELS[method]} against the start model: {', '.join(ks)}; entropy",
+                     "; ".join(f"{k} {delta(k, method)}" for k in ks)
+                     + f"; entropy {entropy(method)}"))
+    rows.append(("A: ES's population more diverse than GRPO's groups (mean JS diversity over training)",
+                 f"ES {fmt(mean_over('es'), 1, 3)}, GRPO {fmt(mean_over('grpo'), 1, 3)}, "
+                 f"C3PO {fmt(mean_over('c3po'), 1, 3)}"))
+    rows.append(("A: functional sparsity (share of seed 0's pass@1 gain kept by the largest 10% of the changes θ − θ0)",
+                 f"ES {kept_gain(results, 'es')}, GRPO {kept_gain(results, 'grpo')}"))
+    transfer, drift = results["transfer"], results["drift"]
+    rows.append(("A: large drift without forgetting (‖θ − θ0‖; pass@1 on the other task level against the start "
+                 "model's)", "; ".join(f"{LABELS[m]} {fmt(drift[m]['total'], 1, 2)}, "
+                                      f"{(transfer[m]['pass@1']['mean'] - transfer['start']['pass@1']) * 100:+.1f}"
+                                      for m in METHODS)))
+    seq, grpo, es = results["sequential"], f["grpo"][0], f["es"][0]
+    rows.append((f"A: GRPO → ES against either alone (seed 0: pass@1 / {ks[-1]})",
+                 "; ".join(f"{name} {pct(e['pass@1'])} / {pct(e[ks[-1]])}" for name, e in (
+                     ("GRPO → ES", seq), ("GRPO", grpo), ("ES", es)))))
+    rows.append((f"B: C3PO against GRPO: {', '.join(ks)}", "; ".join(f"{k} {delta(k, 'c3po', 'grpo')}" for k in ks)))
+    rescued = results["rescue"].values()
+    rows.append(("B: zero-advantage groups rescued / lost against GRPO (same prompts)",
+                 f"{sum(r['rescued'] for r in rescued)} / {sum(r['lost'] for r in rescued)} over {n} seeds"))
+    rows.append(("B: malformed rate (final models)", "; ".join(f"{LABELS[m]} {fmt(results['table'][m]['malformed_rate'])}%"
+                                                             for m in ("start", *METHODS))))
+    noise = results["noise"]
+    matched = [(p["scale"], p["pass@1"], at_diversity(noise["temperature"], p["answer_diversity"]))
+               for p in noise["weights"]]
+    rows.append(("B: weight noise against temperature at the same answer diversity (pass@1, weights − temperature)",
+                 "; ".join(f"s = {s:g}: " + ("outside the temperatures' range" if t is None else f"{(w - t) * 100:+.1f}")
+                           for s, w, t in matched)))
+    return rows
 
 
 def fmt(stat, scale=100, digits=1):
@@ -127,6 +199,7 @@ def markdown(cfg, results):
              f"Sums of {' or '.join(map(str, cfg['numbers']))} numbers in 0..{cfg['high']}; {cfg['tokens']} generated "
              f"training tokens per run, seeds 0..{cfg['seeds'] - 1}; {cfg['problems']} held-out problems × "
              f"{cfg['samples']} samples per model. Mean ± std over seeds [mean 95% interval over problems], in %.", "",
+             "| claim | measured |", "|---|---|", *(f"| {claim} | {figure} |" for claim, figure in results["claims"]), "",
              "| model | pass@1 | pass@4 | pass@16 | pass@64 | greedy | entropy | malformed | solved only by sampling | "
              "answer diversity |", "|---|" + "---:|" * 9]
     for m in ("start", *METHODS):
@@ -175,8 +248,8 @@ def markdown(cfg, results):
     lines += ["", "C3PO's zero-advantage rescue against GRPO (same prompts, step by step)", "",
               "; ".join(f"{seed}: {r['rescued']} rescued, {r['lost']} lost of {r['baseline_failed']} GRPO groups "
                         f"that failed" for seed, r in results["rescue"].items())]
-    lines += ["", "ES's population diversity over training (mean JS diversity of the members' greedy answers): "
-              + "; ".join(f"{n} {d:.3f}" for n, d in results["es_js_diversity"].items())]
+    lines += ["", "Diversity over training (mean verifier-projected JS diversity of ES's members' greedy answers, of "
+              "GRPO's and C3PO's groups of samples): " + "; ".join(f"{n} {d:.3f}" for n, d in results["diversity"].items())]
     lines += ["", "Temperature against weight noise (the start model; pass@1 and answer diversity)", "",
               "| setting | pass@1 | answer diversity |", "|---|---:|---:|"]
     for e in results["noise"]["temperature"]:
@@ -225,6 +298,7 @@ def plot(results, out):
 def write(cfg, config, seconds):
     results = {"config": config, **summarize(cfg), "seconds_this_invocation": seconds,
                "threads": os.environ.get("OMP_NUM_THREADS")}
+    results["claims"] = claims(results, cfg.samples)
     write_json(os.path.join(cfg.out, "results.json"), results)
     with written(os.path.join(cfg.out, "results.md")) as f:
         f.write(markdown(config, results))

@@ -55,6 +55,17 @@ def test_every_piece_is_in_the_results(quick):
     for e in results["finals"]["start"]:
         assert e["pass@4"] - e["greedy_accuracy"] <= e["sampling_only"] <= e["pass@4"]
         assert 0 <= e["answer_diversity"] <= 1
+    for name in results["es_check"]["rows"]:  # a curve for the estimators, the σ × α runs ranked at their end
+        evaluated = any("heldout_pass@1" in row for row in budget.read_log(str(out / "es-check" / name)))
+        assert evaluated == (not name.startswith("es-sigma")), name
+    claims = dict(results["claims"])  # a row per claim of the two papers, each with SmolLM2's figure
+    assert len(claims) == 10 and all(claims.values())
+    grpo_gain = results["finals"]["grpo"][0]["pass@1"] - results["finals"]["start"][0]["pass@1"]  # one seed: no spread
+    grpo = claims["A: GRPO against the start model: pass@1, pass@4; entropy"]
+    assert grpo.startswith(f"pass@1 {grpo_gain * 100:+.1f} ± 0.0 ({int(grpo_gain > 0)}/1 above)")
+    diversity = claims["A: ES's population more diverse than GRPO's groups (mean JS diversity over training)"]
+    assert diversity.startswith(f"ES {results['diversity']['es-seed0']:.3f} ± 0.000, GRPO")
+    assert set(results["diversity"]) == {"es-seed0", "grpo-seed0", "c3po-seed0"}
     markdown = (out / "results.md").read_text()
     assert "| GRPO → ES |" in markdown and "| T = 0.6 |" in markdown and "| es-inplace | inplace |" in markdown
 
