@@ -18,8 +18,7 @@ The pieces, in order:
    N, σ, α), lowrank at rank 1 and at --es-check-rank, and a σ × α check around Qiu et al.'s values at half the
    budget (lowrank, rank 1), with no evaluation between the first and the last. Held-out pass@1 against tokens and
    wall time from each run's log.
-3. ES (in --es-mode), GRPO and C3PO for seeds 0..S-1 at the same --tokens; ES's seed-0 run is the check's run of
-   the same mode when there is one.
+3. ES (in --es-mode, at the recipe's σ and α), GRPO and C3PO for seeds 0..S-1 at the same --tokens.
 4. Every final model on its seed's held-out split, as the start model (evals/<run>.json), and on --transfer-numbers
    sums (evals/<run>-transfer.json): does a trained model keep a skill it was not trained on? And its drift from the
    start model, ‖θ − θ0‖ (evals/<run>-drift.json): large drift without forgetting?
@@ -51,6 +50,7 @@ from minies.runtime import checkpoint, set_up_process
 from minies.tasks import get_task
 
 METHODS = ("es", "grpo", "c3po")
+QIU_SIGMA, QIU_ALPHA = 0.001, 0.0005  # Qiu et al.'s σ and α, which the ES check runs at (the recipe may differ)
 PIECES = ("es-check", *METHODS, "sequential", "calibration", "noise", "evals", "sparsity")
 
 
@@ -193,8 +193,9 @@ def per_step(cfg, flags):
 def es_check_runs(cfg):
     """{name: train.py flags} of the ES check (module docstring, 2): all seed 0."""
     es = ["--algo", "es", "--prompts-per-step", cfg.es_prompts, *task_flags(cfg)]
-    runs = {"es-inplace": es + ["--mode", "inplace"], "es-lowrank-r1": es + ["--mode", "lowrank", "--rank", 1],
-            f"es-lowrank-r{cfg.es_check_rank}": es + ["--mode", "lowrank", "--rank", cfg.es_check_rank]}
+    qiu = es + ["--sigma", QIU_SIGMA, "--alpha", QIU_ALPHA]
+    runs = {"es-inplace": qiu + ["--mode", "inplace"], "es-lowrank-r1": qiu + ["--mode", "lowrank", "--rank", 1],
+            f"es-lowrank-r{cfg.es_check_rank}": qiu + ["--mode", "lowrank", "--rank", cfg.es_check_rank]}
     runs.update({f"es-sigma{s:g}-alpha{a:g}": es + ["--mode", "lowrank", "--sigma", s, "--alpha", a]
                  for s, a in grid(cfg)})
     return runs
@@ -202,16 +203,8 @@ def es_check_runs(cfg):
 
 def seeded_runs(cfg):
     """{name: (method, seed, run directory)} of the seeded runs (module docstring, 3)."""
-    runs = {}
-    for seed in range(cfg.seeds):
-        for method in METHODS:
-            name = f"{method}-seed{seed}"
-            run_dir = os.path.join(cfg.out, "runs", name)
-            if method == "es" and seed == 0:
-                run_dir = os.path.join(cfg.out, "es-check", f"es-{cfg.es_mode}" + ("-r1" if cfg.es_mode == "lowrank"
-                                                                                  else ""))
-            runs[name] = (method, seed, run_dir)
-    return runs
+    return {f"{method}-seed{seed}": (method, seed, os.path.join(cfg.out, "runs", f"{method}-seed{seed}"))
+            for seed in range(cfg.seeds) for method in METHODS}
 
 
 def method_flags(cfg, method, seed):
