@@ -60,22 +60,32 @@ def curve(run_dir, key="heldout_pass@1"):
     return points + [(rows[-1]["tokens"], offset + last, summary["after"][metric])]
 
 
+def step_seconds(rows):
+    """The mean wall time of an ES run's steps, evaluations and checkpoints aside: each step's tokens over the
+    tokens per second ES measured from the step's start to the end of its update (minies/es_log.py)."""
+    tokens = np.diff([0] + [row["tokens"] for row in rows])
+    return float(np.mean(tokens / np.array([row["tokens_per_second"] for row in rows])))
+
+
 def es_check(cfg):
-    """Each ES check run: its settings, s/step, tokens and held-out pass@1 (train.py's evaluations) at its end, and
-    for the full-budget runs pass@1 read off each curve at the wall time the fastest of them took."""
+    """Each ES check run: its settings, s/step (evaluations aside), tokens and held-out pass@1 (train.py's
+    evaluations) at its end, and for the full-budget runs pass@1 read off each curve at the training time (steps ×
+    s/step) the fastest of them took."""
     rows = {}
     for name in es_check_runs(cfg):
         run_dir = os.path.join(cfg.out, "es-check", name)
         budget, config = load(os.path.join(run_dir, "budget.json")), load(os.path.join(run_dir, "config.json"))
-        after = load(os.path.join(run_dir, "summary.json"))["after"]
+        after, log = load(os.path.join(run_dir, "summary.json"))["after"], read_log(run_dir)
+        steps = [0] + [row["step"] for row in log if "heldout_pass@1" in row] + [log[-1]["step"]]
         rows[name] = {"mode": config["es"]["mode"], "rank": config["es"]["rank"], "sigma": config["es"]["sigma"],
-                      "alpha": config["es"]["alpha"], **budget, "seconds_per_step": budget["seconds"] / budget["steps"],
-                      "pass@1": after["pass@1"], "ci95_pass@1": after["ci95_pass@1"], "curve": curve(run_dir)}
+                      "alpha": config["es"]["alpha"], **budget, "seconds_per_step": step_seconds(log),
+                      "pass@1": after["pass@1"], "ci95_pass@1": after["ci95_pass@1"],
+                      "curve": [(step, tokens, value) for step, (tokens, _, value) in zip(steps, curve(run_dir))]}
     full = [r for n, r in rows.items() if not n.startswith("es-sigma")]
-    shortest = min(r["seconds"] for r in full)
+    shortest = min(r["steps"] * r["seconds_per_step"] for r in full)
     for r in full:
-        tokens, seconds, values = zip(*r["curve"])
-        r["pass@1_at_equal_time"] = float(np.interp(shortest, seconds, values))
+        steps, _, values = zip(*r["curve"])
+        r["pass@1_at_equal_time"] = float(np.interp(shortest / r["seconds_per_step"], steps, values))
     return {"rows": rows, "equal_time_seconds": shortest}
 
 

@@ -79,7 +79,7 @@ class ESConfig:
                        "rank-r noise added in the forward pass, many members per batch (minies/eggroll.py); auto: "
                        "the faster of the two for the batch shape (minies/runtime/placement.py), said at start when "
                        "it is lowrank: another estimator than full-rank in place, which on SmolLM2 learned as much "
-                       "at equal tokens in a third of the time (docs/real-models.md#es-mode)",
+                       "at equal tokens in under a third of the time (docs/real-models.md#es-mode)",
                        choices=["auto", "inplace", "lowrank"])
     rank: int = option(1, "rank r of each member's perturbation A·Bᵀ/√r in lowrank mode", check="count")
     master_device: str = option("auto", "where the fp32 master weights live when the model is on CUDA: cpu (pinned "

@@ -171,7 +171,7 @@ RECIPES = {
          "final_samples": (8, f"{MINIES}: pass@1 and pass@8 before and after, as calibrated"),
          "eval_every": (10, f"{MINIES}: a curve of 10 points")},
         {"es": {"mode": ("lowrank", f"{SMOLLM2_CHECK}: at equal tokens rank 1 learned as much as in place "
-                                    "(pass@1 11.0 against 11.2%) in 25 s a step against 79 s"),
+                                    "(pass@1 11.0 against 11.2%) in 26 s a step against 90 s"),
                 "sigma": (0.003, f"{SMOLLM2_CHECK}: of σ × α around Qiu et al.'s, the only one with no tied step "
                                  "and the highest pass@1 (12.2% against 10.8–11.2%)"),
                 "alpha": (0.002, f"{SMOLLM2_CHECK}: as σ"),
