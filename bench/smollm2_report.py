@@ -80,6 +80,7 @@ def es_check(cfg):
         rows[name] = {"mode": config["es"]["mode"], "rank": config["es"]["rank"], "sigma": config["es"]["sigma"],
                       "alpha": config["es"]["alpha"], **budget, "seconds_per_step": step_seconds(log),
                       "pass@1": after["pass@1"], "ci95_pass@1": after["ci95_pass@1"],
+                      "tied_steps": sum(row["all_tied"] for row in log),  # every member scored alike: no step
                       "curve": [(step, tokens, value) for step, (tokens, _, value) in zip(steps, curve(run_dir))]}
     full = [r for n, r in rows.items() if not n.startswith("es-sigma")]
     shortest = min(r["steps"] * r["seconds_per_step"] for r in full)
@@ -223,13 +224,14 @@ def markdown(cfg, results):
         lines.append(f"| {name} | {r['steps']} | {r['tokens']} | {r['seconds'] / 60:.1f} | "
                      f"{r['entropy'][0][2]:.3f} → {r['entropy'][-1][2]:.3f} |")
     check = results["es_check"]
-    lines += ["", "ES check (seed 0; pass@1 at equal wall time: read at "
-              f"{check['equal_time_seconds'] / 60:.1f} min)", "",
-              "| run | mode | rank | σ | α | steps | tokens | s/step | pass@1 | pass@1 at equal time |",
-              "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    lines += ["", "ES check (seed 0; pass@1 at equal time: read at "
+              f"{check['equal_time_seconds'] / 60:.1f} min of steps, evaluations aside)", "",
+              "| run | mode | rank | σ | α | steps | tied steps | tokens | s/step | pass@1 | pass@1 at equal time |",
+              "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for name, r in check["rows"].items():
         equal = pct(r["pass@1_at_equal_time"]) if "pass@1_at_equal_time" in r else "—"
         lines.append(f"| {name} | {r['mode']} | {r['rank']} | {r['sigma']:g} | {r['alpha']:g} | {r['steps']} | "
+                     f"{r['tied_steps']} | "
                      f"{r['tokens']} | {r['seconds_per_step']:.1f} | {pct(r['pass@1'])} ± {pct(r['ci95_pass@1'])} | "
                      f"{equal} |")
     lines += ["", "Calibration (the start model, seed 0's split)", "",
