@@ -46,18 +46,18 @@ def stats(values):
 
 
 def curve(run_dir, key="heldout_pass@1"):
-    """[(tokens, seconds, value)] of a run's evaluations during training (train.py's log, key `key`), with its
+    """[(step, tokens, seconds, value)] of a run's evaluations during training (train.py's log, key `key`), with its
     before and after evaluations at the ends; seconds summed over the run's resumed pieces."""
     rows, summary = read_log(run_dir), load(os.path.join(run_dir, "summary.json"))
     metric = HELDOUT_LOGGED[key]
-    offset, last, points = 0.0, 0.0, [(0, 0.0, summary["before"][metric])]
+    offset, last, points = 0.0, 0.0, [(0, 0, 0.0, summary["before"][metric])]
     for row in rows:
         if row["seconds"] < last:
             offset += last
         last = row["seconds"]
         if key in row:
-            points.append((row["tokens"], offset + row["seconds"], row[key]))
-    return points + [(rows[-1]["tokens"], offset + last, summary["after"][metric])]
+            points.append((row["step"], row["tokens"], offset + row["seconds"], row[key]))
+    return points + [(rows[-1]["step"], rows[-1]["tokens"], offset + last, summary["after"][metric])]
 
 
 def step_seconds(rows):
@@ -76,12 +76,11 @@ def es_check(cfg):
         run_dir = os.path.join(cfg.out, "es-check", name)
         budget, config = load(os.path.join(run_dir, "budget.json")), load(os.path.join(run_dir, "config.json"))
         after, log = load(os.path.join(run_dir, "summary.json"))["after"], read_log(run_dir)
-        steps = [0] + [row["step"] for row in log if "heldout_pass@1" in row] + [log[-1]["step"]]
         rows[name] = {"mode": config["es"]["mode"], "rank": config["es"]["rank"], "sigma": config["es"]["sigma"],
                       "alpha": config["es"]["alpha"], **budget, "seconds_per_step": step_seconds(log),
                       "pass@1": after["pass@1"], "ci95_pass@1": after["ci95_pass@1"],
                       "tied_steps": sum(row["all_tied"] for row in log),  # every member scored alike: no step
-                      "curve": [(step, tokens, value) for step, (tokens, _, value) in zip(steps, curve(run_dir))]}
+                      "curve": [(step, tokens, value) for step, tokens, _, value in curve(run_dir)]}
     full = [r for n, r in rows.items() if not n.startswith("es-sigma")]
     shortest = min(r["steps"] * r["seconds_per_step"] for r in full)
     for r in full:
@@ -222,7 +221,7 @@ def markdown(cfg, results):
     lines += ["", "| run | steps | tokens | wall (min) | held-out entropy start → end |", "|---|---:|---:|---:|---|"]
     for name, r in results["training"].items():
         lines.append(f"| {name} | {r['steps']} | {r['tokens']} | {r['seconds'] / 60:.1f} | "
-                     f"{r['entropy'][0][2]:.3f} → {r['entropy'][-1][2]:.3f} |")
+                     f"{r['entropy'][0][3]:.3f} → {r['entropy'][-1][3]:.3f} |")
     check = results["es_check"]
     lines += ["", "ES check (seed 0; pass@1 at equal time: read at "
               f"{check['equal_time_seconds'] / 60:.1f} min of steps, evaluations aside)", "",
@@ -290,7 +289,7 @@ def plot(results, out):
     for name, r in results["training"].items():
         color = {"es": "tab:green", "grpo": "tab:red", "c3po": "tab:blue"}[name.split("-")[0]]
         for ax, key in zip(axes, ("pass@1", "entropy")):
-            tokens, _, values = zip(*r[key])
+            _, tokens, _, values = zip(*r[key])
             ax.plot(tokens, values, color=color, alpha=0.7, label=name if name.endswith("seed0") else None)
     axes[0].set(xlabel="generated training tokens", ylabel="held-out pass@1")
     axes[1].set(xlabel="generated training tokens", ylabel="held-out entropy (nats)")

@@ -297,7 +297,7 @@ def group_diversity(scores, group_size):
     member with one outcome: the entropy of the group's outcomes over log2(G). It is ES's js_diversity of its
     population (minies/es_log.py) for a group of samples, which paper A compares with it."""
     labels = [answer_outcome(s) for s in scores]
-    return torch.tensor([js_diversity([[[label]] for label in labels[i:i + group_size]]) if group_size > 1 else 0.0
+    return torch.tensor([js_diversity([[[label]] for label in labels[i:i + group_size]])
                          for i in range(0, len(labels), group_size)], dtype=torch.float64)
 
 

@@ -51,7 +51,8 @@ def test_every_piece_is_in_the_results(quick):
     for name, r in results["es_check"]["rows"].items():
         assert r["seconds_per_step"] > 0, name
         if "pass@1_at_equal_time" in r:  # read off its curve of held-out pass@1 against steps
-            values = [value for _, _, value in r["curve"]]
+            steps, _, values = zip(*r["curve"])
+            assert steps[0] == 0 and steps[-1] == r["steps"] and list(steps) == sorted(steps), name
             assert min(values) <= r["pass@1_at_equal_time"] <= max(values), name
     assert set(results["calibration"]) == {"chosen", "calibration-2-40"}
     assert [e["temperature"] for e in results["noise"]["temperature"]] == smollm2.QUICK["temperatures"]
