@@ -9,7 +9,8 @@ again, and a training run stopped mid-way continues from its last checkpoint (tr
 unbroken run). Set OMP_NUM_THREADS, and keep it: a sampled run repeats to the last bit only at a fixed thread count
 (minies/runtime/threads.py), a run resumed at another count parts from an unbroken one, and results/smollm2 was
 made at 1 (results.json records the count). `--only` splits the work between processes, e.g. one for the ES
-check and one for GRPO and C3PO on a 2-core machine.
+check and one for GRPO and C3PO on a 2-core machine; two processes given the same evaluation piece share it, each
+file computed by one of them.
 
 The pieces, in order:
 1. The start model on seed 0's held-out split (--problems × --samples, and greedily): evals/start-seed0.json; its
@@ -30,6 +31,8 @@ The pieces, in order:
 Then results.json, results.md and the plots are written from the files (bench/smollm2_report.py).
 """
 import argparse
+import contextlib
+import fcntl
 import json
 import os
 import time
@@ -160,10 +163,23 @@ def eval_file(cfg, name):
     return os.path.join(cfg.out, "evals", f"{name}.json")
 
 
-def saved(path, compute):
-    """The JSON at `path`, computed and written first if it is missing: the unit of resumption."""
+def saved(path, compute, wait=False):
+    """The JSON at `path`, computed and written first if it is missing: the unit of resumption. Processes that
+    share the work (--only) never compute one file twice: while one holds the file's lock (the kernel's, dropped
+    by a kill), another skips the file and gets None, or with `wait` waits for it."""
     if not os.path.exists(path):
-        write_json(path, compute())
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(path + ".lock", "w") as lock:
+            try:
+                fcntl.flock(lock, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
+            except BlockingIOError:
+                print(f"note: another process is computing {path}: skipped here")
+                return None
+            if not os.path.exists(path):  # not written by a holder that ended since this process looked
+                write_json(path, compute())
+            with contextlib.suppress(FileNotFoundError):  # removed while held, and only if it is still this one
+                if os.stat(lock.name).st_ino == os.fstat(lock.fileno()).st_ino:
+                    os.unlink(lock.name)
     with open(path) as f:
         return json.load(f)
 
@@ -294,7 +310,7 @@ def main(argv=None):
     tok = load_tokenizer(cfg.model)
     # Every piece waits for the start model's evaluation on seed 0's split: its mean length sizes the runs.
     mean_length = saved(eval_file(cfg, "start-seed0"), lambda: held_out(
-        cfg, tok, load_model(cfg.model), make_task(cfg, 0), cfg.samples, cfg.problems))["mean_length"]
+        cfg, tok, load_model(cfg.model), make_task(cfg, 0), cfg.samples, cfg.problems), wait=True)["mean_length"]
     if wanted(cfg, "es-check"):
         es_check(cfg, tok, mean_length)
     for name, (method, seed, run_dir) in seeded_runs(cfg).items():

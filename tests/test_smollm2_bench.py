@@ -2,15 +2,19 @@
 piece, its one-line errors; the measurements it adds: the problems solved only by sampling, the answer diversity
 of a policy's samples, and weight-noise samples that leave the model exactly as it was."""
 import contextlib
+import fcntl
 import io
 import json
 import os
+import threading
+import time
 
 import pytest
 import torch
 
 import train
 from bench import budget, smollm2, weight_noise
+from bench.budget import write_json
 from conftest import single_thread
 from minies import UserError
 from minies.evaluate import evaluate
@@ -89,6 +93,26 @@ def test_a_second_run_redoes_nothing_and_a_lost_piece_comes_back_the_same(quick)
     assert lost.read_bytes() == content
     assert (out / "runs" / "c3po-seed0" / "budget.json").read_bytes() == before[
         str(out / "runs" / "c3po-seed0" / "budget.json")][1]
+
+
+def test_a_file_another_process_computes_is_not_computed_twice(tmp_path):
+    """Two processes sharing the work (--only): one skips the file the other computes, or waits for it."""
+    path = str(tmp_path / "evals" / "x.json")
+    os.makedirs(os.path.dirname(path))
+    with open(path + ".lock", "w") as other:
+        fcntl.flock(other, fcntl.LOCK_EX)
+        assert smollm2.saved(path, lambda: pytest.fail("computed twice")) is None
+    assert smollm2.saved(path, lambda: {"a": 1}) == {"a": 1} and os.listdir(tmp_path / "evals") == ["x.json"]
+    other = open(path.replace("x.json", "y.json.lock"), "w")
+    fcntl.flock(other, fcntl.LOCK_EX)
+
+    def finish():  # the other process writes its file, then ends
+        time.sleep(0.2)
+        write_json(path.replace("x.json", "y.json"), {"b": 2})
+        other.close()
+    threading.Thread(target=finish).start()
+    waited = smollm2.saved(path.replace("x.json", "y.json"), lambda: pytest.fail("computed twice"), wait=True)
+    assert waited == {"b": 2} and sorted(os.listdir(tmp_path / "evals")) == ["x.json", "y.json"]
 
 
 @pytest.mark.parametrize("flags, message", [
