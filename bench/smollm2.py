@@ -31,8 +31,6 @@ The pieces, in order:
 Then results.json, results.md and the plots are written from the files (bench/smollm2_report.py).
 """
 import argparse
-import contextlib
-import fcntl
 import json
 import os
 import time
@@ -50,6 +48,7 @@ from minies.evaluate import evaluate
 from minies.models import default_device, load_config, load_model, load_tokenizer
 from minies.recipes import own_recipe, prompt_style_for, recipe_defaults
 from minies.runtime import checkpoint, set_up_process
+from minies.runtime.run_lock import lock_file, release
 from minies.tasks import get_task
 
 METHODS = ("es", "grpo", "c3po")
@@ -169,17 +168,15 @@ def saved(path, compute, wait=False):
     by a kill), another skips the file and gets None, or with `wait` waits for it."""
     if not os.path.exists(path):
         os.makedirs(os.path.dirname(path), exist_ok=True)
-        with open(path + ".lock", "w") as lock:
-            try:
-                fcntl.flock(lock, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
-            except BlockingIOError:
-                print(f"note: another process is computing {path}: skipped here")
-                return None
+        lock = lock_file(path + ".lock", wait)
+        if lock is None:
+            print(f"note: another process is computing {path}: skipped here")
+            return None
+        try:
             if not os.path.exists(path):  # not written by a holder that ended since this process looked
                 write_json(path, compute())
-            with contextlib.suppress(FileNotFoundError):  # removed while held, and only if it is still this one
-                if os.stat(lock.name).st_ino == os.fstat(lock.fileno()).st_ino:
-                    os.unlink(lock.name)
+        finally:
+            release(path + ".lock", lock)
     with open(path) as f:
         return json.load(f)
 

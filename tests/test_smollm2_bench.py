@@ -110,8 +110,10 @@ def test_a_file_another_process_computes_is_not_computed_twice(tmp_path):
         time.sleep(0.2)
         write_json(path.replace("x.json", "y.json"), {"b": 2})
         other.close()
-    threading.Thread(target=finish).start()
+    writer = threading.Thread(target=finish)
+    writer.start()
     waited = smollm2.saved(path.replace("x.json", "y.json"), lambda: pytest.fail("computed twice"), wait=True)
+    writer.join()
     assert waited == {"b": 2} and sorted(os.listdir(tmp_path / "evals")) == ["x.json", "y.json"]
 
 

@@ -6,6 +6,8 @@ ends, and a second command is refused in one line naming the holder (its pid and
 The lock is the kernel's (flock), so a process killed with kill -9 drops it with its file descriptors: the file
 it leaves behind names a process that is gone, and the next command takes the lock over (saying so). The file
 is removed, with the run directory if the lock was all there was in it, when the holder ends normally.
+lock_file and release, the lock without the run directory's record, also serve benches whose processes share
+files to compute.
 """
 import contextlib
 import errno
@@ -58,35 +60,57 @@ def run_directory_lock(run_dir):
     try:
         yield
     finally:
-        with contextlib.suppress(OSError):
-            os.unlink(path)  # while still locked: a waiting process then finds the path gone and retries
-        os.close(fd)
+        release(path, fd)
         with contextlib.suppress(OSError):  # only what is empty: a run that failed before writing leaves nothing
             for directory in created:
                 os.rmdir(directory)
 
 
-def acquire(path, run_dir):
-    """A file descriptor of `path` holding its exclusive lock, with this process's pid and host written in."""
+def lock_file(path, wait=False):
+    """A file descriptor of `path` (created if missing) holding its exclusive kernel lock; None when another
+    process holds it, unless `wait`, which waits for it. A file its last holder removed after this process
+    opened it locks nothing, so the path is opened again."""
     while True:
         fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            fcntl.flock(fd, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
         except OSError as e:
             os.close(fd)
-            if e.errno not in (errno.EAGAIN, errno.EACCES):
-                raise UserError(f"{run_dir}: cannot lock {path} ({e.strerror}); run on a file system with locks")
-            other = holder(path)
-            who = f"pid {other['pid']} on {other.get('host', '?')}" if other else "another process"
-            raise UserError(f"{run_dir} is in use by {who}, running train.py since {other.get('started', '?')}; "
-                            "wait for it to end (or stop it), or pass --run-name NAME for a new run") from None
-        try:
-            same_file = os.path.exists(path) and os.stat(path).st_ino == os.fstat(fd).st_ino
-        except OSError:
-            same_file = False
-        if same_file:  # not a file its last holder removed after this process opened it
-            break
+            if e.errno in (errno.EAGAIN, errno.EACCES):
+                return None
+            raise
+        if is_file_at(path, fd):
+            return fd
         os.close(fd)
+
+
+def release(path, fd):
+    """Drop the lock `lock_file` gave, removing `path` first (while still locked, and only if it is still this
+    lock's file): a process waiting on it then finds the path gone and opens it again."""
+    with contextlib.suppress(OSError):
+        if is_file_at(path, fd):
+            os.unlink(path)
+    os.close(fd)
+
+
+def is_file_at(path, fd):
+    try:
+        return os.stat(path).st_ino == os.fstat(fd).st_ino
+    except OSError:
+        return False
+
+
+def acquire(path, run_dir):
+    """A file descriptor of `path` holding its exclusive lock, with this process's pid and host written in."""
+    try:
+        fd = lock_file(path)
+    except OSError as e:
+        raise UserError(f"{run_dir}: cannot lock {path} ({e.strerror}); run on a file system with locks") from None
+    if fd is None:
+        other = holder(path)
+        who = f"pid {other['pid']} on {other.get('host', '?')}" if other else "another process"
+        raise UserError(f"{run_dir} is in use by {who}, running train.py since {other.get('started', '?')}; "
+                        "wait for it to end (or stop it), or pass --run-name NAME for a new run")
     left = holder(path)
     if left and not process_alive(left["pid"], left.get("host")):
         print(f"note: {path} was left by pid {left['pid']} on {left.get('host')}, which is no longer running "
