@@ -138,10 +138,18 @@ def kept_gain(results, method, keep="0.1"):
 
 
 def at_diversity(points, diversity):
-    """pass@1 of a curve of (answer diversity, pass@1) points read at `diversity` (None outside the curve)."""
-    points = sorted((p["answer_diversity"], p["pass@1"]) for p in points)
-    xs, ys = zip(*points)
-    return float(np.interp(diversity, xs, ys)) if xs[0] <= diversity <= xs[-1] else None
+    """The best pass@1 that temperature reaches at answer diversity `diversity` (None if it never does), read along
+    its curve in temperature order: diversity rises with temperature, then falls once hot samples are mostly
+    malformed (one label), so the curve can cross a diversity twice, and the weights are held to the better."""
+    points = sorted(points, key=lambda p: p["temperature"])
+    found = []
+    for a, b in zip(points, points[1:]):
+        low, high = sorted((a["answer_diversity"], b["answer_diversity"]))
+        if low <= diversity <= high:
+            rise = b["answer_diversity"] - a["answer_diversity"]
+            share = (diversity - a["answer_diversity"]) / rise if rise else 0.0
+            found.append(a["pass@1"] + share * (b["pass@1"] - a["pass@1"]))
+    return max(found) if found else None
 
 
 def claims(results, samples):

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import train
-from bench import budget, smollm2, weight_noise
+from bench import budget, smollm2, smollm2_report, weight_noise
 from bench.budget import write_json
 from conftest import single_thread
 from minies import UserError
@@ -145,6 +145,16 @@ def test_an_out_under_a_file_is_refused_before_anything_runs(tmp_path):
     (tmp_path / "file").write_text("")
     with pytest.raises(UserError, match="is a file, not a directory"):
         smollm2.main(["--quick", "--out", str(tmp_path / "file" / "out")])
+
+
+def test_temperature_is_read_at_a_diversity_along_its_curve_and_at_its_best():
+    """Diversity rises with temperature, then falls when hot samples are mostly malformed: a diversity the curve
+    crosses twice is read at the better pass@1; one outside the curve at none."""
+    curve = [{"temperature": t, "answer_diversity": d, "pass@1": p}
+             for t, d, p in ((1.6, 0.4, 0.02), (0.6, 0.4, 0.14), (1.0, 0.6, 0.10))]
+    assert smollm2_report.at_diversity(curve, 0.5) == pytest.approx(0.12)  # not 0.06 on the hot side
+    assert smollm2_report.at_diversity(curve, 0.6) == pytest.approx(0.10)
+    assert smollm2_report.at_diversity(curve, 0.2) is None and smollm2_report.at_diversity(curve, 0.7) is None
 
 
 def test_weight_noise_leaves_the_model_exactly_as_it_was():
