@@ -76,7 +76,9 @@ def es_check(cfg):
         run_dir = os.path.join(cfg.out, "es-check", name)
         budget, config = load(os.path.join(run_dir, "budget.json")), load(os.path.join(run_dir, "config.json"))
         after, log = load(os.path.join(run_dir, "summary.json"))["after"], read_log(run_dir)
-        rows[name] = {"mode": config["es"]["mode"], "rank": config["es"]["rank"], "sigma": config["es"]["sigma"],
+        lowrank = config["es"]["mode"] == "lowrank"  # in place perturbs at full rank: --rank is not used
+        rows[name] = {"mode": config["es"]["mode"], "rank": config["es"]["rank"] if lowrank else None,
+                      "sigma": config["es"]["sigma"],
                       "alpha": config["es"]["alpha"], **budget, "seconds_per_step": step_seconds(log),
                       "pass@1": after["pass@1"], "ci95_pass@1": after["ci95_pass@1"],
                       "tied_steps": sum(row["all_tied"] for row in log),  # every member scored alike: no step
@@ -237,7 +239,7 @@ def markdown(cfg, results):
               "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for name, r in check["rows"].items():
         equal = pct(r["pass@1_at_equal_time"]) if "pass@1_at_equal_time" in r else "—"
-        lines.append(f"| {name} | {r['mode']} | {r['rank']} | {r['sigma']:g} | {r['alpha']:g} | {r['steps']} | "
+        lines.append(f"| {name} | {r['mode']} | {r['rank'] or '–'} | {r['sigma']:g} | {r['alpha']:g} | {r['steps']} | "
                      f"{r['tied_steps']} | "
                      f"{r['tokens']} | {r['seconds_per_step']:.1f} | {pct(r['pass@1'])} ± {pct(r['ci95_pass@1'])} | "
                      f"{equal} |")
