@@ -176,7 +176,7 @@ RECIPES = {
                                  "and the highest pass@1 (12.2% against 10.8–11.2%)"),
                 "alpha": (0.002, f"{SMOLLM2_CHECK}: as σ"),
                 "prompts_per_step": (16, f"{MINIES}: 30 members × 16 prompts a step (lowrank)"),
-                "steps": (100, f"{MINIES}: {SMOLLM2_TIME} 49–56 min")},
+                "steps": (100, f"{MINIES}: {SMOLLM2_TIME} 49–58 min")},
          "grpo": {"prompts": (8, f"{MINIES}: 8 prompts × G=8 a step"),
                   "group_size": (8, "3PO paper: G = 8 to 16"),
                   "lr": (1e-5, f"{MINIES}: Adam moves each weight ~1e-5 a step; 1e-6 would leave it near the start in 100 steps"),
